@@ -1,0 +1,11 @@
+# sparsync_target_warnings(<target>): the project's warning set, as errors with SPARSYNC_WERROR.
+function(sparsync_target_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  if(SPARSYNC_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+  if(SPARSYNC_SANITIZE)
+    target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer)
+    target_link_options(${target} PRIVATE -fsanitize=address,undefined)
+  endif()
+endfunction()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs everything sparsync needs to build, test and run its demo on Debian 12, as root.
+# Idempotent: a second run only checks. Creates the Python environment in <repo>/.venv
+# (Debian's python3 with its system packages, so Debian's python3-torch is visible).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+
+packages=(
+  build-essential cmake ninja-build pkg-config git iproute2
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev pybind11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-venv python3-pip python3-numpy python3-pytest python3-torch
+  dataset-fashion-mnist
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install_deps: missing Debian packages (${missing[*]}); run this script as root" >&2
+    exit 1
+  fi
+  echo "install_deps: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The project's Python environment: Debian's interpreter on purpose (it sees python3-torch).
+if [[ ! -x "$repo/.venv/bin/python" ]]; then
+  /usr/bin/python3 -m venv --system-site-packages "$repo/.venv"
+fi
+"$repo/.venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$repo/shims/python"
+echo "install_deps: ok"

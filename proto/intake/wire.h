@@ -1,0 +1,182 @@
+// The daemon <-> shim wire format of the intake control socket.
+//
+// Transport: one SOCK_SEQPACKET Unix-domain connection per worker process. Every message is one
+// datagram that starts with `sparsync_msg_header`; `size` is the whole datagram. Memory for tensor
+// data never travels on the socket: the daemon creates it with memfd_create and passes the file
+// descriptor with SCM_RIGHTS next to REGISTER_REPLY (the tensor's buffer) and to DONE of an
+// allgather (the result, whose size is only known then).
+//
+// Conversation:
+//   shim -> HELLO (protocol version, job token, local rank, pid)   daemon -> HELLO_REPLY
+//   shim -> REGISTER (name, op, dtype, shape)                      daemon -> REGISTER_REPLY + fd
+//   shim writes the tensor into the mapped region, then -> READY (tensor id, round)
+//   daemon -> DONE (tensor id, round, status) once the collective result is in the region
+//   shim -> UNREGISTER (tensor id) when the tensor is no longer used; no reply
+//   shim -> GOODBYE before closing; a connection that closes without it while the job runs is a
+//   worker failure and fails the job on every node.
+// Rounds count from 1 per tensor: the n-th READY of a tensor carries round n and the daemon
+// rejects anything else. Every field is validated by the daemon; a malformed message closes that
+// connection with a logged reason.
+//
+// Plain C so that every shim (C++, Python ctypes, TF op) can include it. All integers are in the
+// host's byte order (both ends are on one machine).
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SPARSYNC_INTAKE_MAGIC 0x59535053u /* "SPSY" little-endian */
+#define SPARSYNC_INTAKE_VERSION 1u
+#define SPARSYNC_MAX_MESSAGE_BYTES 4096u
+#define SPARSYNC_MAX_NAME_BYTES 200u
+#define SPARSYNC_MAX_DIMS 8u
+#define SPARSYNC_MAX_TOKEN_BYTES 64u
+#define SPARSYNC_MAX_ERROR_BYTES 512u
+#define SPARSYNC_MAX_TENSORS_PER_WORKER 65536u
+
+typedef enum sparsync_msg_type {
+  SPARSYNC_MSG_HELLO = 1,
+  SPARSYNC_MSG_HELLO_REPLY = 2,
+  SPARSYNC_MSG_REGISTER = 3,
+  SPARSYNC_MSG_REGISTER_REPLY = 4,
+  SPARSYNC_MSG_READY = 5,
+  SPARSYNC_MSG_DONE = 6,
+  SPARSYNC_MSG_UNREGISTER = 7,
+  SPARSYNC_MSG_GOODBYE = 8,
+} sparsync_msg_type;
+
+/* Element types. Values are part of the protocol. */
+typedef enum sparsync_dtype {
+  SPARSYNC_FLOAT32 = 0,
+  SPARSYNC_FLOAT64 = 1,
+  SPARSYNC_FLOAT16 = 2,
+  SPARSYNC_BFLOAT16 = 3,
+  SPARSYNC_INT32 = 4,
+  SPARSYNC_INT64 = 5,
+  SPARSYNC_UINT8 = 6,
+  SPARSYNC_DTYPE_COUNT = 7,
+} sparsync_dtype;
+
+/* Collective a registered tensor takes part in. */
+typedef enum sparsync_op {
+  SPARSYNC_OP_ALLREDUCE = 0,  /* explicit allreduce: always exact */
+  SPARSYNC_OP_ALLGATHER = 1,  /* concatenation along dim 0, in global rank order */
+  SPARSYNC_OP_BROADCAST = 2,  /* from global rank `root_rank` */
+  SPARSYNC_OP_GRADIENT = 3,   /* gradient reduction: may be compressed by the daemon */
+  SPARSYNC_OP_COUNT = 4,
+} sparsync_op;
+
+typedef enum sparsync_reduce_op {
+  SPARSYNC_REDUCE_AVERAGE = 0,
+  SPARSYNC_REDUCE_SUM = 1,
+  SPARSYNC_REDUCE_COUNT = 2,
+} sparsync_reduce_op;
+
+/* Status codes carried in replies and returned by the client library. */
+typedef enum sparsync_status {
+  SPARSYNC_OK = 0,
+  SPARSYNC_ERR_INVALID = 1,      /* bad argument or malformed message */
+  SPARSYNC_ERR_UNAVAILABLE = 2,  /* daemon not reachable, or the connection was closed */
+  SPARSYNC_ERR_TIMEOUT = 3,      /* a wait passed its deadline */
+  SPARSYNC_ERR_MISMATCH = 4,     /* nodes or workers disagree on a tensor's name/dtype/shape */
+  SPARSYNC_ERR_ABORTED = 5,      /* the job failed elsewhere (a worker or node died) */
+  SPARSYNC_ERR_INTERNAL = 6,
+  SPARSYNC_ERR_PERMISSION = 7,   /* wrong job token or protocol version */
+} sparsync_status;
+
+typedef struct sparsync_msg_header {
+  uint32_t magic;    /* SPARSYNC_INTAKE_MAGIC */
+  uint16_t version;  /* SPARSYNC_INTAKE_VERSION */
+  uint16_t type;     /* sparsync_msg_type */
+  uint32_t size;     /* bytes of the whole message, header included */
+  uint32_t reserved; /* must be 0 */
+} sparsync_msg_header;
+
+typedef struct sparsync_hello {
+  sparsync_msg_header header;
+  uint32_t local_rank; /* this worker's rank among the workers of its node */
+  int32_t pid;         /* the worker's process id, for logs and error messages */
+  uint32_t token_len;  /* bytes used in job_token */
+  uint32_t reserved;
+  char job_token[SPARSYNC_MAX_TOKEN_BYTES];
+} sparsync_hello;
+
+typedef struct sparsync_hello_reply {
+  sparsync_msg_header header;
+  int32_t status;      /* sparsync_status */
+  uint32_t node_rank;  /* this daemon's node */
+  uint32_t num_nodes;
+  uint32_t local_rank; /* echoed */
+  uint32_t local_size; /* workers per node */
+  uint32_t rank;       /* global worker rank = node_rank * local_size + local_rank */
+  uint32_t size;       /* total workers */
+  uint32_t reserved;
+  char message[SPARSYNC_MAX_ERROR_BYTES]; /* NUL-terminated reason when status != OK */
+} sparsync_hello_reply;
+
+typedef struct sparsync_register {
+  sparsync_msg_header header;
+  uint32_t tensor_id; /* chosen by the worker, < SPARSYNC_MAX_TENSORS_PER_WORKER, unused */
+  uint8_t op;         /* sparsync_op */
+  uint8_t dtype;      /* sparsync_dtype */
+  uint8_t reduce_op;  /* sparsync_reduce_op, for ALLREDUCE and GRADIENT */
+  uint8_t ndim;       /* <= SPARSYNC_MAX_DIMS; 0 is a scalar */
+  int32_t root_rank;  /* global rank, for BROADCAST; otherwise 0 */
+  uint32_t name_len;  /* 1 .. SPARSYNC_MAX_NAME_BYTES, no NUL inside */
+  int64_t shape[SPARSYNC_MAX_DIMS]; /* each >= 0; unused entries 0 */
+  char name[SPARSYNC_MAX_NAME_BYTES];
+} sparsync_register;
+
+typedef struct sparsync_register_reply {
+  sparsync_msg_header header;
+  uint32_t tensor_id;
+  int32_t status;        /* on OK an fd of region_bytes travels with this message */
+  uint64_t region_bytes; /* = numel * element size (at least 1 byte is mapped) */
+  char message[SPARSYNC_MAX_ERROR_BYTES];
+} sparsync_register_reply;
+
+typedef struct sparsync_ready {
+  sparsync_msg_header header;
+  uint32_t tensor_id;
+  uint32_t reserved;
+  uint64_t round;        /* 1 for the first READY of this tensor, then +1 each time */
+  uint64_t timestamp_ns; /* CLOCK_MONOTONIC when the data was written: backward timing */
+} sparsync_ready;
+
+typedef struct sparsync_done {
+  sparsync_msg_header header;
+  uint32_t tensor_id;
+  int32_t status;        /* sparsync_status */
+  uint64_t round;
+  uint64_t result_bytes; /* ALLGATHER: bytes of the result region whose fd travels along */
+  int64_t result_dim0;   /* ALLGATHER: first dimension of the result */
+  char message[SPARSYNC_MAX_ERROR_BYTES];
+} sparsync_done;
+
+typedef struct sparsync_unregister {
+  sparsync_msg_header header;
+  uint32_t tensor_id;
+  uint32_t reserved;
+} sparsync_unregister;
+
+typedef struct sparsync_goodbye {
+  sparsync_msg_header header;
+} sparsync_goodbye;
+
+#ifdef __cplusplus
+}  // extern "C"
+
+static_assert(sizeof(sparsync_msg_header) == 16, "wire layout");
+static_assert(sizeof(sparsync_hello) == 96, "wire layout");
+static_assert(sizeof(sparsync_hello_reply) == 560, "wire layout");
+static_assert(sizeof(sparsync_register) == 296, "wire layout");
+static_assert(sizeof(sparsync_register_reply) == 544, "wire layout");
+static_assert(sizeof(sparsync_ready) == 40, "wire layout");
+static_assert(sizeof(sparsync_done) == 560, "wire layout");
+static_assert(sizeof(sparsync_unregister) == 24, "wire layout");
+static_assert(sizeof(sparsync_goodbye) == 16, "wire layout");
+static_assert(sizeof(sparsync_done) <= SPARSYNC_MAX_MESSAGE_BYTES, "fits one datagram");
+#endif

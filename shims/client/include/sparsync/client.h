@@ -1,0 +1,77 @@
+// sparsync client library: the C ABI every shim (PyTorch via ctypes, TensorFlow op, C/C++) uses to
+// hand tensors to the node's sparsyncd. Depends only on the intake wire format
+// (proto/intake/wire.h).
+//
+// Threading: a client handle may be used from several threads; calls are serialised internally.
+// Errors: every function returns a sparsync_status; the text of the last error of a handle is
+// available from sparsync_last_error() until the next failing call on that handle.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/intake/wire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sparsync_client sparsync_client;
+
+typedef struct sparsync_world {
+  uint32_t rank;       /* global worker rank */
+  uint32_t size;       /* total workers */
+  uint32_t local_rank; /* rank among the workers of this node */
+  uint32_t local_size; /* workers per node */
+  uint32_t node_rank;
+  uint32_t num_nodes;
+} sparsync_world;
+
+typedef struct sparsync_tensor_spec {
+  const char* name;       /* unique per op within a job; same on every worker */
+  sparsync_op op;
+  sparsync_dtype dtype;
+  sparsync_reduce_op reduce_op;
+  int32_t root_rank;      /* BROADCAST only */
+  uint32_t ndim;
+  const int64_t* shape;   /* ndim entries */
+} sparsync_tensor_spec;
+
+/* Connects to the daemon's control socket and performs the handshake. Retries connecting until
+ * `timeout_s` has passed (the daemon may still be starting). On failure *out is NULL and the
+ * reason is written to `error` (if not NULL, at most error_len bytes, NUL-terminated). */
+sparsync_status sparsync_connect(const char* socket_path, const char* job_token,
+                                 uint32_t local_rank, double timeout_s, sparsync_client** out,
+                                 char* error, size_t error_len);
+
+/* Sends GOODBYE, unmaps every region and frees the handle. NULL is ignored. */
+void sparsync_close(sparsync_client* client);
+
+sparsync_status sparsync_get_world(sparsync_client* client, sparsync_world* out);
+
+/* Registers a tensor and maps its shared buffer. *data points to `*bytes` bytes that stay valid
+ * until sparsync_unregister or sparsync_close. */
+sparsync_status sparsync_register(sparsync_client* client, const sparsync_tensor_spec* spec,
+                                  uint32_t* tensor_id, void** data, uint64_t* bytes);
+
+/* The buffer of `tensor_id` holds this worker's input: start the collective (non-blocking). */
+sparsync_status sparsync_post_ready(sparsync_client* client, uint32_t tensor_id);
+
+/* Waits until the last posted round of `tensor_id` is done, at most `timeout_s` seconds
+ * (negative: no limit). On OK the result is in the tensor's buffer; for ALLGATHER it is in a
+ * separate region, see sparsync_allgather_result. */
+sparsync_status sparsync_wait_done(sparsync_client* client, uint32_t tensor_id, double timeout_s);
+
+/* ALLGATHER only, after a successful wait: the gathered bytes and first dimension. The pointer is
+ * valid until the next post of this tensor, its unregister, or close. */
+sparsync_status sparsync_allgather_result(sparsync_client* client, uint32_t tensor_id,
+                                          const void** data, uint64_t* bytes, int64_t* dim0);
+
+sparsync_status sparsync_unregister(sparsync_client* client, uint32_t tensor_id);
+
+/* The message of the last failing call on this handle ("" if none). Valid until the next call. */
+const char* sparsync_last_error(sparsync_client* client);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
