@@ -1,0 +1,304 @@
+#include "daemon/common/config.h"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+
+extern char** environ;
+
+namespace sparsync {
+namespace {
+
+// One configurable setting: its flag, its variable, its default and how to apply a value.
+struct Setting {
+  std::string flag;  // without dashes
+  std::string env;
+  std::string default_text;
+  std::string help;
+  std::function<Status(const std::string&, Config*)> apply;
+};
+
+Status Reject(const Setting& s, const std::string& value, const std::string& accepted) {
+  return InvalidArgument(s.env + " (--" + s.flag + ") = '" + value + "' is not accepted; " +
+                         accepted);
+}
+
+Result<long long> ParseInteger(const std::string& text) {
+  if (text.empty()) return InvalidArgument("empty");
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return InvalidArgument("not an integer");
+  return v;
+}
+
+Result<double> ParseNumber(const std::string& text) {
+  if (text.empty()) return InvalidArgument("empty");
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(text.c_str(), &end);
+  if (errno != 0 || *end != '\0' || !std::isfinite(v)) return InvalidArgument("not a number");
+  return v;
+}
+
+// "67108864", "64MiB", "512KiB", "1GiB".
+Result<uint64_t> ParseBytes(const std::string& text) {
+  static const std::pair<const char*, uint64_t> kSuffixes[] = {
+      {"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10}, {"B", 1}};
+  std::string digits = text;
+  uint64_t scale = 1;
+  for (const auto& [suffix, mult] : kSuffixes) {
+    std::string s(suffix);
+    if (digits.size() > s.size() && digits.compare(digits.size() - s.size(), s.size(), s) == 0) {
+      digits.resize(digits.size() - s.size());
+      scale = mult;
+      break;
+    }
+  }
+  auto v = ParseInteger(digits);
+  if (!v.ok() || *v <= 0) return InvalidArgument("not a positive byte count");
+  return static_cast<uint64_t>(*v) * scale;
+}
+
+Status SetInt(const Setting& s, const std::string& v, int lo, int hi, int* out) {
+  auto n = ParseInteger(v);
+  if (!n.ok() || *n < lo || *n > hi) {
+    return Reject(s, v, "expected an integer in [" + std::to_string(lo) + ", " +
+                            std::to_string(hi) + "]");
+  }
+  *out = static_cast<int>(*n);
+  return Status::Ok();
+}
+
+Status SetSeconds(const Setting& s, const std::string& v, double* out) {
+  auto n = ParseNumber(v);
+  if (!n.ok() || *n <= 0) return Reject(s, v, "expected a positive number of seconds");
+  *out = *n;
+  return Status::Ok();
+}
+
+std::vector<Setting> Settings() {
+  std::vector<Setting> s;
+  auto add = [&](std::string flag, std::string env, std::string def, std::string help,
+                 std::function<Status(const Setting&, const std::string&, Config*)> fn) {
+    Setting setting{std::move(flag), std::move(env), std::move(def), std::move(help), nullptr};
+    setting.apply = [fn, setting](const std::string& v, Config* c) { return fn(setting, v, c); };
+    s.push_back(std::move(setting));
+  };
+  add("node-rank", "SPARSYNC_NODE_RANK", "0", "this node's rank, 0 .. num-nodes-1",
+      [](const Setting& st, const std::string& v, Config* c) {
+        return SetInt(st, v, 0, 65535, &c->node_rank);
+      });
+  add("num-nodes", "SPARSYNC_NUM_NODES", "1", "number of nodes (one daemon each)",
+      [](const Setting& st, const std::string& v, Config* c) {
+        return SetInt(st, v, 1, 65536, &c->num_nodes);
+      });
+  add("local-size", "SPARSYNC_LOCAL_SIZE", "1", "training processes (workers) on this node",
+      [](const Setting& st, const std::string& v, Config* c) {
+        return SetInt(st, v, 1, 1024, &c->local_size);
+      });
+  add("coordinator", "SPARSYNC_COORDINATOR", "127.0.0.1:29400",
+      "host:port of node 0's gRPC coordinator service",
+      [](const Setting& st, const std::string& v, Config* c) {
+        auto colon = v.rfind(':');
+        if (colon == std::string::npos || colon == 0) return Reject(st, v, "expected host:port");
+        auto port = ParseInteger(v.substr(colon + 1));
+        if (!port.ok() || *port < 1 || *port > 65535) {
+          return Reject(st, v, "expected host:port with a port in [1, 65535]");
+        }
+        c->coordinator = v;
+        return Status::Ok();
+      });
+  add("listen", "SPARSYNC_LISTEN", "127.0.0.1", "address this daemon binds for its peers",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v.empty()) return Reject(st, v, "expected an address");
+        c->listen = v;
+        return Status::Ok();
+      });
+  add("socket", "SPARSYNC_SOCKET", "$XDG_RUNTIME_DIR/sparsync/sparsyncd.sock or /tmp/sparsync-UID/sparsyncd.sock",
+      "control socket shared by the daemon and its workers",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v.empty() || v.size() >= 108) {
+          return Reject(st, v, "expected a path of 1 to 107 bytes (a Unix socket limit)");
+        }
+        c->socket_path = v;
+        return Status::Ok();
+      });
+  add("job-token", "SPARSYNC_JOB_TOKEN", "(none)",
+      "shared secret that daemons and workers must present to join",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v.size() > 64) return Reject(st, "<hidden>", "expected at most 64 bytes");
+        c->job_token = v;
+        return Status::Ok();
+      });
+  add("compressor", "SPARSYNC_COMPRESSOR", "none", "gradient compressor",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v == "none") {
+          c->compressor = Compressor::kNone;
+          return Status::Ok();
+        }
+        return Reject(st, v, "accepted values: none");
+      });
+  add("merge", "SPARSYNC_MERGE", "fixed:64MiB",
+      "how ready tensors are merged into groups: fixed:BYTES (e.g. fixed:64MiB)",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v.rfind("fixed:", 0) == 0) {
+          auto bytes = ParseBytes(v.substr(6));
+          if (bytes.ok()) {
+            c->merge = {MergePolicy::Kind::kFixed, *bytes};
+            return Status::Ok();
+          }
+        }
+        return Reject(st, v, "accepted values: fixed:BYTES (BYTES like 67108864, 64MiB, 512KiB)");
+      });
+  add("transport", "SPARSYNC_TRANSPORT", "auto", "collective backend: auto or gloo",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v == "auto" || v == "gloo") {
+          c->transport = TransportKind::kGloo;
+          return Status::Ok();
+        }
+        return Reject(st, v, "accepted values: auto, gloo");
+      });
+  add("device", "SPARSYNC_DEVICE", "auto", "where gradients are reduced: auto or cpu",
+      [](const Setting& st, const std::string& v, Config*) {
+        if (v == "auto" || v == "cpu") return Status::Ok();
+        return Reject(st, v, "accepted values: auto, cpu");
+      });
+  add("timeout-s", "SPARSYNC_TIMEOUT_S", "300",
+      "seconds before a missing peer or tensor fails the step on every node",
+      [](const Setting& st, const std::string& v, Config* c) {
+        return SetSeconds(st, v, &c->timeout_s);
+      });
+  add("stall-warn-s", "SPARSYNC_STALL_WARN_S", "60",
+      "seconds before a missing tensor is reported with the nodes that lack it",
+      [](const Setting& st, const std::string& v, Config* c) {
+        return SetSeconds(st, v, &c->stall_warn_s);
+      });
+  add("cycle-ms", "SPARSYNC_CYCLE_MS", "1",
+      "coordinator batching window: tensors ready within it are fused",
+      [](const Setting& st, const std::string& v, Config* c) {
+        auto n = ParseNumber(v);
+        if (!n.ok() || *n < 0 || *n > 1000) return Reject(st, v, "expected 0 .. 1000");
+        c->cycle_ms = *n;
+        return Status::Ok();
+      });
+  add("log-level", "SPARSYNC_LOG_LEVEL", "info", "trace, debug, info, warn, error or off",
+      [](const Setting& st, const std::string& v, Config* c) {
+        for (const char* level : {"trace", "debug", "info", "warn", "error", "off"}) {
+          if (v == level) {
+            c->log_level = v;
+            return Status::Ok();
+          }
+        }
+        return Reject(st, v, "accepted values: trace, debug, info, warn, error, off");
+      });
+  return s;
+}
+
+}  // namespace
+
+std::chrono::milliseconds Config::timeout() const {
+  return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+}
+std::chrono::milliseconds Config::stall_warn() const {
+  return std::chrono::milliseconds(static_cast<int64_t>(stall_warn_s * 1000));
+}
+std::string Config::CoordinatorHost() const {
+  return coordinator.substr(0, coordinator.rfind(':'));
+}
+int Config::CoordinatorPort() const {
+  return std::atoi(coordinator.substr(coordinator.rfind(':') + 1).c_str());
+}
+
+std::string Config::Describe() const {
+  std::ostringstream o;
+  o << "node " << node_rank << "/" << num_nodes << ", " << local_size
+    << " worker(s) per node, coordinator " << coordinator << ", listen " << listen
+    << ", socket " << socket_path << ", compressor none, merge fixed:" << merge.bucket_bytes
+    << "B, transport gloo, timeout " << timeout_s << "s";
+  return o.str();
+}
+
+std::map<std::string, std::string> SparsyncEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    std::string key = kv.substr(0, eq);
+    if (key.rfind("SPARSYNC_", 0) == 0 || key == "XDG_RUNTIME_DIR") env[key] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+std::string DefaultSocketPath(const std::map<std::string, std::string>& env) {
+  auto it = env.find("XDG_RUNTIME_DIR");
+  if (it != env.end() && !it->second.empty()) return it->second + "/sparsync/sparsyncd.sock";
+  return "/tmp/sparsync-" + std::to_string(getuid()) + "/sparsyncd.sock";
+}
+
+ParsedConfig ParseConfig(int argc, const char* const* argv,
+                         const std::map<std::string, std::string>& env) {
+  ParsedConfig out;
+  std::vector<Setting> settings = Settings();
+  CLI::App app{
+      "sparsyncd: the sparsync gradient-reduction daemon, one per node.\n"
+      "Each option can also be set by the environment variable shown; a flag wins over the "
+      "variable, the variable over the default.",
+      "sparsyncd"};
+  app.get_formatter()->column_width(34);
+  std::vector<std::string> flag_values(settings.size());
+  for (size_t i = 0; i < settings.size(); ++i) {
+    const Setting& s = settings[i];
+    app.add_option("--" + s.flag, flag_values[i],
+                   s.help + "\n[env " + s.env + ", default " + s.default_text + "]");
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    out.exit = true;
+    out.exit_code = 0;
+    out.message = app.help();
+    return out;
+  } catch (const CLI::ParseError& e) {
+    out.exit = true;
+    out.exit_code = 2;
+    out.message = std::string("sparsyncd: ") + e.what() + "\nRun with --help for more information.";
+    return out;
+  }
+  for (size_t i = 0; i < settings.size(); ++i) {
+    const Setting& s = settings[i];
+    std::string value;
+    if (app.get_option("--" + s.flag)->count() > 0) {
+      value = flag_values[i];
+    } else if (auto it = env.find(s.env); it != env.end()) {
+      value = it->second;
+    } else {
+      continue;
+    }
+    Status st = s.apply(value, &out.config);
+    if (!st.ok()) {
+      out.exit = true;
+      out.exit_code = 2;
+      out.message = "sparsyncd: invalid configuration: " + st.message();
+      return out;
+    }
+  }
+  Config& c = out.config;
+  if (c.socket_path.empty()) c.socket_path = DefaultSocketPath(env);
+  if (c.node_rank >= c.num_nodes) {
+    out.exit = true;
+    out.exit_code = 2;
+    out.message = "sparsyncd: invalid configuration: SPARSYNC_NODE_RANK (--node-rank) = " +
+                  std::to_string(c.node_rank) + " must be below SPARSYNC_NUM_NODES (--num-nodes) = " +
+                  std::to_string(c.num_nodes);
+  }
+  return out;
+}
+
+}  // namespace sparsync

@@ -1,0 +1,119 @@
+#include "daemon/daemon.h"
+
+#include <spdlog/spdlog.h>
+
+#include "daemon/intake/server.h"
+#include "daemon/negotiation/coordinator_core.h"
+#include "daemon/negotiation/grpc_link.h"
+#include "daemon/negotiation/grpc_service.h"
+#include "daemon/negotiation/node_agent.h"
+#include "daemon/pipeline/executor.h"
+#include "daemon/pipeline/tensor_table.h"
+#include "daemon/transport/gloo/gloo_transport.h"
+
+namespace sparsync {
+namespace {
+
+// The Gloo rendezvous goes through the coordinator's key-value store.
+class LinkStore : public transport::RendezvousStore {
+ public:
+  explicit LinkStore(negotiation::CoordinatorLink* link) : link_(link) {}
+  Status Set(const std::string& key, const std::string& value) override {
+    return link_->StoreSet(key, value);
+  }
+  Result<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                       std::chrono::milliseconds timeout) override {
+    return link_->StoreGet(keys, timeout);
+  }
+
+ private:
+  negotiation::CoordinatorLink* link_;
+};
+
+// How long a node tolerates an unreachable coordinator, and the coordinator a silent node.
+std::chrono::milliseconds LivenessWindow(const Config& c) {
+  return std::min(c.timeout(), std::chrono::milliseconds(10000));
+}
+
+}  // namespace
+
+Daemon::Daemon(Config config) : config_(std::move(config)) {}
+
+Daemon::~Daemon() { Stop(); }
+
+Status Daemon::Start() {
+  spdlog::info("starting: {}", config_.Describe());
+  if (config_.node_rank == 0) {
+    negotiation::CoordinatorOptions options;
+    options.num_nodes = config_.num_nodes;
+    options.bucket_bytes = config_.merge.bucket_bytes;
+    options.cycle = std::chrono::microseconds(static_cast<int64_t>(config_.cycle_ms * 1000));
+    options.stall_warn = config_.stall_warn();
+    options.timeout = config_.timeout();
+    options.node_liveness = LivenessWindow(config_);
+    core_ = std::make_unique<negotiation::CoordinatorCore>(options, config_.local_size,
+                                                           config_.job_token);
+    core_->Start();
+    if (config_.num_nodes > 1) {
+      server_ = std::make_unique<negotiation::CoordinatorServer>(core_.get());
+      SPARSYNC_RETURN_IF_ERROR(server_->Start(config_.coordinator));
+      spdlog::info("coordinator serving on {}", config_.coordinator);
+    }
+    link_ = core_.get();
+  } else {
+    remote_link_ = std::make_unique<negotiation::GrpcCoordinatorLink>(
+        config_.coordinator, config_.job_token, std::chrono::seconds(10));
+    link_ = remote_link_.get();
+  }
+
+  negotiation::JoinInfo join{negotiation::kProtocolVersion, config_.job_token, config_.node_rank,
+                             config_.num_nodes, config_.local_size};
+  SPARSYNC_RETURN_IF_ERROR(link_->Join(join, config_.timeout()));
+  spdlog::info("all {} node(s) joined", config_.num_nodes);
+
+  store_ = std::make_unique<LinkStore>(link_);
+  auto transport = transport::GlooTransport::Create(config_.node_rank, config_.num_nodes,
+                                                    config_.listen, store_.get(), config_.timeout());
+  if (!transport.ok()) return transport.status();
+  transport_ = std::move(*transport);
+  spdlog::info("Gloo mesh connected");
+
+  pipeline::World world{config_.node_rank, config_.num_nodes, config_.local_size};
+  negotiation::NodeAgent* agent = nullptr;  // built after the table, which reports to it
+  table_ = std::make_unique<pipeline::TensorTable>(
+      world, config_.job_token,
+      [&agent](pipeline::ReadyNotice n) {
+        agent->Report({std::move(n.meta), n.slot, std::move(n.worker_dim0)});
+      },
+      [&agent](const Status& error) { agent->Fail(error); });
+  agent_ = std::make_unique<negotiation::NodeAgent>(
+      link_, config_.node_rank, /*direct=*/core_ != nullptr,
+      [this](const std::string& name, uint32_t slot) { table_->BindSlot(name, slot); },
+      LivenessWindow(config_));
+  agent = agent_.get();
+  executor_ = std::make_unique<pipeline::Executor>(
+      world, table_.get(), transport_.get(),
+      [this](std::chrono::milliseconds wait) { return agent_->Next(wait); },
+      [this](const Status& error) { agent_->Fail(error); }, std::chrono::seconds(10));
+  agent_->Start();
+  executor_->Start();
+  intake_ = std::make_unique<intake::IntakeServer>(config_.socket_path, config_.node_rank,
+                                                   table_.get(), config_.timeout());
+  return intake_->Start();
+}
+
+void Daemon::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  if (table_) table_->FailAll(Aborted("the daemon of node " + std::to_string(config_.node_rank) +
+                                      " is shutting down"));
+  if (intake_) intake_->Stop();
+  if (agent_ && transport_) agent_->Leave();
+  if (executor_) executor_->Stop();
+  if (agent_) agent_->Stop();
+  if (server_) server_->Stop();
+  if (core_) core_->Stop();
+  spdlog::info("stopped");
+}
+
+}  // namespace sparsync

@@ -1,0 +1,54 @@
+// Daemon: the composition root. Builds every part from the Config, starts them in order, waits
+// for a signal and stops them in reverse. Holds no algorithm.
+#pragma once
+
+#include <memory>
+
+#include "daemon/common/config.h"
+
+namespace sparsync {
+
+namespace negotiation {
+class CoordinatorCore;
+class CoordinatorServer;
+class CoordinatorLink;
+class NodeAgent;
+}  // namespace negotiation
+namespace transport {
+class Transport;
+class RendezvousStore;
+}  // namespace transport
+namespace pipeline {
+class TensorTable;
+class Executor;
+}  // namespace pipeline
+namespace intake {
+class IntakeServer;
+}
+
+class Daemon {
+ public:
+  explicit Daemon(Config config);
+  ~Daemon();
+
+  // Joins the cluster, connects the transport and opens the control socket.
+  Status Start();
+  // Drains: pending collectives fail with a clear error, workers are told, the socket is removed.
+  void Stop();
+
+ private:
+  Config config_;
+  std::unique_ptr<negotiation::CoordinatorCore> core_;
+  std::unique_ptr<negotiation::CoordinatorServer> server_;
+  std::unique_ptr<negotiation::CoordinatorLink> remote_link_;
+  negotiation::CoordinatorLink* link_ = nullptr;
+  std::unique_ptr<transport::RendezvousStore> store_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<pipeline::TensorTable> table_;
+  std::unique_ptr<negotiation::NodeAgent> agent_;
+  std::unique_ptr<pipeline::Executor> executor_;
+  std::unique_ptr<intake::IntakeServer> intake_;
+  bool stopped_ = false;
+};
+
+}  // namespace sparsync

@@ -1,0 +1,167 @@
+#include "daemon/intake/codec.h"
+
+#include <cstring>
+#include <string>
+
+namespace sparsync::intake {
+namespace {
+
+template <typename T>
+Result<Message> Exact(const void* data, size_t size, const char* what) {
+  if (size != sizeof(T)) {
+    return InvalidArgument(std::string(what) + " message has " + std::to_string(size) +
+                           " bytes, expected " + std::to_string(sizeof(T)));
+  }
+  T msg;
+  std::memcpy(&msg, data, sizeof(T));
+  return Message(msg);
+}
+
+Status ValidateRegister(const sparsync_register& r) {
+  if (r.tensor_id >= SPARSYNC_MAX_TENSORS_PER_WORKER) {
+    return InvalidArgument("tensor id " + std::to_string(r.tensor_id) + " is not below " +
+                           std::to_string(SPARSYNC_MAX_TENSORS_PER_WORKER));
+  }
+  if (r.op >= SPARSYNC_OP_COUNT) return InvalidArgument("unknown op " + std::to_string(r.op));
+  if (r.dtype >= SPARSYNC_DTYPE_COUNT) {
+    return InvalidArgument("unknown dtype " + std::to_string(r.dtype));
+  }
+  if (r.reduce_op >= SPARSYNC_REDUCE_COUNT) {
+    return InvalidArgument("unknown reduce op " + std::to_string(r.reduce_op));
+  }
+  if (r.ndim > SPARSYNC_MAX_DIMS) {
+    return InvalidArgument("ndim " + std::to_string(r.ndim) + " exceeds " +
+                           std::to_string(SPARSYNC_MAX_DIMS));
+  }
+  if (r.name_len == 0 || r.name_len > SPARSYNC_MAX_NAME_BYTES) {
+    return InvalidArgument("name length " + std::to_string(r.name_len) + " is not in [1, " +
+                           std::to_string(SPARSYNC_MAX_NAME_BYTES) + "]");
+  }
+  if (std::memchr(r.name, '\0', r.name_len) != nullptr) {
+    return InvalidArgument("the tensor name contains a NUL byte");
+  }
+  uint64_t numel = 1;
+  for (uint32_t i = 0; i < SPARSYNC_MAX_DIMS; ++i) {
+    if (i >= r.ndim) {
+      if (r.shape[i] != 0) return InvalidArgument("shape entries past ndim must be 0");
+      continue;
+    }
+    if (r.shape[i] < 0) return InvalidArgument("negative dimension " + std::to_string(r.shape[i]));
+    uint64_t d = static_cast<uint64_t>(r.shape[i]);
+    if (d != 0 && numel > kMaxTensorBytes / d) {
+      return InvalidArgument("the tensor is larger than 1 TiB");
+    }
+    numel *= d;
+  }
+  if (numel * WireDTypeSize(r.dtype) > kMaxTensorBytes) {
+    return InvalidArgument("the tensor is larger than 1 TiB");
+  }
+  if (r.op == SPARSYNC_OP_ALLGATHER && r.ndim == 0) {
+    return InvalidArgument("allgather needs at least one dimension");
+  }
+  bool reduces = r.op == SPARSYNC_OP_ALLREDUCE || r.op == SPARSYNC_OP_GRADIENT;
+  bool floating = r.dtype == SPARSYNC_FLOAT32 || r.dtype == SPARSYNC_FLOAT64 ||
+                  r.dtype == SPARSYNC_FLOAT16 || r.dtype == SPARSYNC_BFLOAT16;
+  if (reduces && r.dtype == SPARSYNC_UINT8) {
+    return InvalidArgument("uint8 tensors can be gathered and broadcast, not reduced");
+  }
+  if (reduces && !floating && r.reduce_op == SPARSYNC_REDUCE_AVERAGE) {
+    return InvalidArgument("an average needs a floating-point dtype; use Sum for integers");
+  }
+  if (r.op == SPARSYNC_OP_GRADIENT && !floating) {
+    return InvalidArgument("gradients must be floating-point");
+  }
+  if (r.op == SPARSYNC_OP_BROADCAST && r.root_rank < 0) {
+    return InvalidArgument("negative broadcast root rank");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+size_t WireDTypeSize(uint32_t dtype) {
+  switch (dtype) {
+    case SPARSYNC_FLOAT32: case SPARSYNC_INT32: return 4;
+    case SPARSYNC_FLOAT64: case SPARSYNC_INT64: return 8;
+    case SPARSYNC_FLOAT16: case SPARSYNC_BFLOAT16: return 2;
+    case SPARSYNC_UINT8: return 1;
+  }
+  return 0;
+}
+
+Result<Message> Decode(const void* data, size_t size, int num_fds) {
+  if (num_fds != 0) return InvalidArgument("workers must not send file descriptors");
+  if (size < sizeof(sparsync_msg_header)) {
+    return InvalidArgument("message of " + std::to_string(size) + " bytes is shorter than a header");
+  }
+  sparsync_msg_header h;
+  std::memcpy(&h, data, sizeof(h));
+  if (h.magic != SPARSYNC_INTAKE_MAGIC) return InvalidArgument("bad magic: not a sparsync client");
+  if (h.version != SPARSYNC_INTAKE_VERSION) {
+    return PermissionDenied("intake protocol version " + std::to_string(h.version) +
+                            ", the daemon speaks " + std::to_string(SPARSYNC_INTAKE_VERSION) +
+                            ": use a shim of the daemon's version");
+  }
+  if (h.size != size) {
+    return InvalidArgument("header says " + std::to_string(h.size) + " bytes but " +
+                           std::to_string(size) + " arrived");
+  }
+  if (h.reserved != 0) return InvalidArgument("reserved header field is not 0");
+  switch (h.type) {
+    case SPARSYNC_MSG_HELLO: {
+      auto m = Exact<sparsync_hello>(data, size, "HELLO");
+      if (m.ok() && std::get<sparsync_hello>(*m).token_len > SPARSYNC_MAX_TOKEN_BYTES) {
+        return InvalidArgument("job token longer than 64 bytes");
+      }
+      return m;
+    }
+    case SPARSYNC_MSG_REGISTER: {
+      auto m = Exact<sparsync_register>(data, size, "REGISTER");
+      if (!m.ok()) return m;
+      SPARSYNC_RETURN_IF_ERROR(ValidateRegister(std::get<sparsync_register>(*m)));
+      return m;
+    }
+    case SPARSYNC_MSG_READY: {
+      auto m = Exact<sparsync_ready>(data, size, "READY");
+      if (m.ok() && std::get<sparsync_ready>(*m).round == 0) {
+        return InvalidArgument("READY round 0: rounds start at 1");
+      }
+      return m;
+    }
+    case SPARSYNC_MSG_UNREGISTER: return Exact<sparsync_unregister>(data, size, "UNREGISTER");
+    case SPARSYNC_MSG_GOODBYE: return Exact<sparsync_goodbye>(data, size, "GOODBYE");
+    default:
+      return InvalidArgument("message type " + std::to_string(h.type) +
+                             " is not one a worker may send");
+  }
+}
+
+void FillHeader(sparsync_msg_header* header, sparsync_msg_type type, uint32_t size) {
+  header->magic = SPARSYNC_INTAKE_MAGIC;
+  header->version = SPARSYNC_INTAKE_VERSION;
+  header->type = static_cast<uint16_t>(type);
+  header->size = size;
+  header->reserved = 0;
+}
+
+void CopyMessage(char (&field)[SPARSYNC_MAX_ERROR_BYTES], const std::string& text) {
+  size_t n = std::min(text.size(), sizeof(field) - 1);
+  std::memcpy(field, text.data(), n);
+  field[n] = '\0';
+}
+
+int32_t WireStatus(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kOk: return SPARSYNC_OK;
+    case StatusCode::kInvalidArgument: return SPARSYNC_ERR_INVALID;
+    case StatusCode::kUnavailable: return SPARSYNC_ERR_UNAVAILABLE;
+    case StatusCode::kDeadlineExceeded: return SPARSYNC_ERR_TIMEOUT;
+    case StatusCode::kMismatch: return SPARSYNC_ERR_MISMATCH;
+    case StatusCode::kAborted: return SPARSYNC_ERR_ABORTED;
+    case StatusCode::kInternal: return SPARSYNC_ERR_INTERNAL;
+    case StatusCode::kPermissionDenied: return SPARSYNC_ERR_PERMISSION;
+  }
+  return SPARSYNC_ERR_INTERNAL;
+}
+
+}  // namespace sparsync::intake

@@ -1,0 +1,37 @@
+// Validation of intake messages (proto/intake/wire.h). Pure functions: every byte a worker sends
+// passes through Decode before anything else looks at it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <variant>
+
+#include "daemon/common/status.h"
+#include "proto/intake/wire.h"
+
+namespace sparsync::intake {
+
+// Limits the daemon enforces beyond the wire format's own.
+inline constexpr uint64_t kMaxTensorBytes = 1ull << 40;  // 1 TiB: a safe upper bound on numel
+
+using Message = std::variant<sparsync_hello, sparsync_register, sparsync_ready,
+                             sparsync_unregister, sparsync_goodbye>;
+
+// Decodes one datagram a worker sent. `num_fds`: descriptors that came with it (workers never
+// send any). Errors say what is wrong in words a shim author can act on.
+Result<Message> Decode(const void* data, size_t size, int num_fds);
+
+// Element size of a wire dtype, 0 if unknown.
+size_t WireDTypeSize(uint32_t dtype);
+
+// Fills the header of an outgoing message of type `type` and size `size`.
+void FillHeader(sparsync_msg_header* header, sparsync_msg_type type, uint32_t size);
+
+// Writes `text` (truncated) NUL-terminated into a fixed message field.
+void CopyMessage(char (&field)[SPARSYNC_MAX_ERROR_BYTES], const std::string& text);
+
+// Status -> sparsync_status.
+int32_t WireStatus(const Status& status);
+
+}  // namespace sparsync::intake

@@ -1,0 +1,177 @@
+#include "daemon/negotiation/coordinator_core.h"
+
+#include <spdlog/spdlog.h>
+
+namespace sparsync::negotiation {
+
+CoordinatorCore::CoordinatorCore(CoordinatorOptions options, int local_size, std::string job_token)
+    : options_(options),
+      local_size_(local_size),
+      job_token_(std::move(job_token)),
+      state_(options),
+      joined_(options.num_nodes, false) {}
+
+CoordinatorCore::~CoordinatorCore() { Stop(); }
+
+void CoordinatorCore::Start() {
+  timer_ = std::thread([this] {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      auto next = state_.NextDeadline();
+      if (next) {
+        changed_.wait_until(lock, *next);
+      } else {
+        changed_.wait_for(lock, std::chrono::seconds(1));
+      }
+      if (stopping_) break;
+      lock.unlock();
+      RunOnce();
+      lock.lock();
+    }
+  });
+}
+
+void CoordinatorCore::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (timer_.joinable()) timer_.join();
+}
+
+bool CoordinatorCore::TokenMatches(const std::string& token) const {
+  if (token.size() != job_token_.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < token.size(); ++i) diff |= token[i] ^ job_token_[i];
+  return diff == 0;
+}
+
+void CoordinatorCore::RunOnce() {
+  std::vector<std::string> warnings;
+  uint64_t before, after;
+  {
+    std::lock_guard lock(mu_);
+    before = state_.last_seq();
+    warnings = state_.Tick(Clock::now());
+    after = state_.last_seq();
+  }
+  if (after != before) changed_.notify_all();
+  for (const auto& w : warnings) spdlog::warn("stall: {}", w);
+}
+
+Status CoordinatorCore::Join(const JoinInfo& info, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (info.protocol_version != kProtocolVersion) {
+    return PermissionDenied("node " + std::to_string(info.node_rank) + " speaks protocol " +
+                            std::to_string(info.protocol_version) + ", the coordinator " +
+                            std::to_string(kProtocolVersion) + ": run the same sparsync version");
+  }
+  if (!TokenMatches(info.job_token)) {
+    return PermissionDenied("node " + std::to_string(info.node_rank) +
+                            " presented a wrong SPARSYNC_JOB_TOKEN");
+  }
+  if (info.num_nodes != options_.num_nodes) {
+    return InvalidArgument("node " + std::to_string(info.node_rank) + " has SPARSYNC_NUM_NODES=" +
+                           std::to_string(info.num_nodes) + " but node 0 has " +
+                           std::to_string(options_.num_nodes));
+  }
+  if (info.local_size != local_size_) {
+    return InvalidArgument("node " + std::to_string(info.node_rank) + " has SPARSYNC_LOCAL_SIZE=" +
+                           std::to_string(info.local_size) + " but node 0 has " +
+                           std::to_string(local_size_) + "; every node needs the same");
+  }
+  if (info.node_rank < 0 || info.node_rank >= options_.num_nodes) {
+    return InvalidArgument("node rank " + std::to_string(info.node_rank) + " out of range");
+  }
+  if (!joined_[info.node_rank]) {
+    joined_[info.node_rank] = true;
+    ++joined_count_;
+    state_.Polled(info.node_rank, 0, Clock::now());
+    changed_.notify_all();
+  }
+  bool all = changed_.wait_for(lock, timeout, [&] {
+    return stopping_ || joined_count_ == options_.num_nodes;
+  });
+  if (stopping_) return Unavailable("the coordinator is shutting down");
+  if (!all) {
+    std::string missing;
+    for (int n = 0; n < options_.num_nodes; ++n) {
+      if (!joined_[n]) missing += (missing.empty() ? "" : ",") + std::to_string(n);
+    }
+    return DeadlineExceeded("node(s) " + missing + " did not join within " +
+                            std::to_string(timeout.count() / 1000) + " s");
+  }
+  return Status::Ok();
+}
+
+Status CoordinatorCore::StoreSet(const std::string& key, const std::string& value) {
+  {
+    std::lock_guard lock(mu_);
+    store_[key] = value;
+  }
+  changed_.notify_all();
+  return Status::Ok();
+}
+
+Result<std::vector<std::string>> CoordinatorCore::StoreGet(const std::vector<std::string>& keys,
+                                                           std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  bool found = changed_.wait_for(lock, timeout, [&] {
+    if (stopping_) return true;
+    for (const auto& k : keys) {
+      if (!store_.count(k)) return false;
+    }
+    return true;
+  });
+  if (stopping_) return Unavailable("the coordinator is shutting down");
+  if (!found) return DeadlineExceeded("rendezvous keys did not appear in time");
+  std::vector<std::string> values;
+  for (const auto& k : keys) values.push_back(store_.at(k));
+  return values;
+}
+
+Result<std::vector<uint32_t>> CoordinatorCore::Report(int node,
+                                                      const std::vector<TensorMeta>& new_tensors,
+                                                      const std::vector<ReportedReady>& ready) {
+  Result<std::vector<uint32_t>> result = Internal("unset");
+  {
+    std::lock_guard lock(mu_);
+    result = state_.Report(node, new_tensors, ready, Clock::now());
+  }
+  // Wake pollers for new entries, and the timer for a new batch deadline.
+  changed_.notify_all();
+  return result;
+}
+
+Result<std::vector<ScheduleEntry>> CoordinatorCore::Poll(int node, uint64_t after_seq,
+                                                         std::chrono::milliseconds wait) {
+  std::unique_lock lock(mu_);
+  state_.Polled(node, after_seq, Clock::now());
+  changed_.wait_for(lock, wait, [&] { return stopping_ || state_.last_seq() > after_seq; });
+  if (stopping_ && state_.last_seq() <= after_seq) {
+    return Unavailable("the coordinator is shutting down");
+  }
+  state_.Polled(node, after_seq, Clock::now());
+  return state_.EntriesAfter(after_seq);
+}
+
+Status CoordinatorCore::Fail(int node, const Status& error) {
+  {
+    std::lock_guard lock(mu_);
+    state_.Fail(node, error);
+  }
+  changed_.notify_all();
+  return Status::Ok();
+}
+
+Status CoordinatorCore::Leave(int node) {
+  {
+    std::lock_guard lock(mu_);
+    state_.Leave(node);
+  }
+  changed_.notify_all();
+  return Status::Ok();
+}
+
+}  // namespace sparsync::negotiation

@@ -1,0 +1,58 @@
+// CoordinatorCore: CoordinatorState made thread-safe and blocking — joins, the rendezvous
+// key-value store, long polls — plus the timer thread that flushes batches and checks stalls.
+// Used by node 0 in-process (it is a CoordinatorLink) and by the gRPC service for other nodes.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "daemon/negotiation/coordinator_link.h"
+
+namespace sparsync::negotiation {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+class CoordinatorCore : public CoordinatorLink {
+ public:
+  CoordinatorCore(CoordinatorOptions options, int local_size, std::string job_token);
+  ~CoordinatorCore() override;
+
+  void Start();  // starts the timer thread
+  void Stop();   // wakes every waiter; idempotent
+
+  // Constant-time comparison with the job's token.
+  bool TokenMatches(const std::string& token) const;
+
+  Status Join(const JoinInfo& info, std::chrono::milliseconds timeout) override;
+  Status StoreSet(const std::string& key, const std::string& value) override;
+  Result<std::vector<std::string>> StoreGet(const std::vector<std::string>& keys,
+                                            std::chrono::milliseconds timeout) override;
+  Result<std::vector<uint32_t>> Report(int node, const std::vector<TensorMeta>& new_tensors,
+                                       const std::vector<ReportedReady>& ready) override;
+  Result<std::vector<ScheduleEntry>> Poll(int node, uint64_t after_seq,
+                                          std::chrono::milliseconds wait) override;
+  Status Fail(int node, const Status& error) override;
+  Status Leave(int node) override;
+
+  // One pass of the timer: flush due batches, log stalls. Public for tests.
+  void RunOnce();
+
+ private:
+  const CoordinatorOptions options_;
+  const int local_size_;
+  const std::string job_token_;
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;  // schedule grew, a node joined, a key was set, or stopping
+  CoordinatorState state_;
+  std::vector<bool> joined_;
+  int joined_count_ = 0;
+  Status join_error_;
+  std::map<std::string, std::string> store_;
+  bool stopping_ = false;
+  std::thread timer_;
+};
+
+}  // namespace sparsync::negotiation

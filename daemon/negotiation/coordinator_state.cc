@@ -1,0 +1,238 @@
+#include "daemon/negotiation/coordinator_state.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "daemon/planning/fusion.h"
+#include "proto/intake/wire.h"
+
+namespace sparsync::negotiation {
+namespace {
+
+uint64_t FusionKey(const TensorMeta& m) {
+  if (m.op != SPARSYNC_OP_ALLREDUCE && m.op != SPARSYNC_OP_GRADIENT) return planning::kNeverFuse;
+  return (uint64_t{m.op} << 16) | (uint64_t{m.dtype} << 8) | m.reduce_op;
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+CoordinatorState::CoordinatorState(CoordinatorOptions options)
+    : options_(options),
+      last_poll_(options.num_nodes),
+      acked_(options.num_nodes, 0),
+      left_(options.num_nodes, false) {}
+
+const TensorMeta* CoordinatorState::Meta(uint32_t slot) const {
+  if (slot == 0 || slot > metas_.size()) return nullptr;
+  return &metas_[slot - 1];
+}
+
+Result<std::vector<uint32_t>> CoordinatorState::Report(int node,
+                                                       const std::vector<TensorMeta>& new_tensors,
+                                                       const std::vector<ReportedReady>& ready,
+                                                       Clock::time_point now) {
+  if (failed()) return Aborted(fatal_.message());
+  if (node < 0 || node >= options_.num_nodes) {
+    return InvalidArgument("report from unknown node " + std::to_string(node));
+  }
+  // Validate the whole report before changing anything.
+  for (const ReportedReady& r : ready) {
+    if (r.slot.has_value() == r.new_index.has_value()) {
+      return InvalidArgument("a ready tensor needs exactly one of slot and new_index");
+    }
+    if (r.slot && Meta(*r.slot) == nullptr) {
+      return InvalidArgument("unknown slot " + std::to_string(*r.slot));
+    }
+    if (r.new_index && *r.new_index >= new_tensors.size()) {
+      return InvalidArgument("new_index " + std::to_string(*r.new_index) + " out of range");
+    }
+  }
+  std::vector<uint32_t> slots;
+  slots.reserve(new_tensors.size());
+  for (const TensorMeta& meta : new_tensors) {
+    if (meta.name.empty()) return InvalidArgument("a tensor without a name");
+    auto [it, inserted] = slot_by_signature_.try_emplace(meta.SignatureKey(), 0);
+    if (inserted) {
+      metas_.push_back(meta);
+      it->second = static_cast<uint32_t>(metas_.size());
+    }
+    slots.push_back(it->second);
+  }
+  for (const ReportedReady& r : ready) {
+    uint32_t slot = r.slot ? *r.slot : slots[*r.new_index];
+    MarkReady(node, slot, r.worker_dim0, now);
+    if (failed()) break;
+  }
+  if (!failed()) {
+    bool due = !batch_.empty() &&
+               (batch_urgent_ || options_.cycle.count() == 0 || now - batch_started_ >= options_.cycle);
+    if (due) Flush();
+  }
+  return slots;
+}
+
+void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> dims,
+                                 Clock::time_point now) {
+  const TensorMeta& meta = metas_[slot - 1];
+  auto by_name = pending_by_name_.find(meta.name);
+  if (by_name != pending_by_name_.end() && by_name->second != slot) {
+    const Pending& other = pending_.at(by_name->second);
+    const TensorMeta& theirs = metas_[by_name->second - 1];
+    Fail(-1, Mismatch("tensor '" + meta.name + "' differs across nodes: " + theirs.Describe() +
+                      " on node(s) " + NodeList(other, true) + " but " + meta.Describe() +
+                      " on node " + std::to_string(node)));
+    return;
+  }
+  auto [it, inserted] = pending_.try_emplace(slot);
+  Pending& p = it->second;
+  if (inserted) {
+    p.ready.assign(options_.num_nodes, false);
+    p.node_dims.assign(options_.num_nodes, {});
+    p.first_report = now;
+    pending_by_name_[meta.name] = slot;
+  }
+  if (p.ready[node]) {
+    Fail(-1, Internal("node " + std::to_string(node) + " reported tensor '" + meta.name +
+                      "' twice in one round"));
+    return;
+  }
+  p.ready[node] = true;
+  p.node_dims[node] = std::move(dims);
+  if (++p.ready_count < options_.num_nodes) return;
+
+  Batched b;
+  b.tensor.slot = slot;
+  if (meta.op == SPARSYNC_OP_ALLGATHER) {
+    for (auto& d : p.node_dims) b.tensor.worker_dim0.insert(b.tensor.worker_dim0.end(), d.begin(), d.end());
+  }
+  b.bytes = static_cast<uint64_t>(meta.NumElements()) * DTypeSize(meta.dtype);
+  b.fusion_key = FusionKey(meta);
+  if (batch_.empty()) batch_started_ = now;
+  batch_urgent_ = batch_urgent_ || meta.op != SPARSYNC_OP_GRADIENT;
+  batch_.push_back(std::move(b));
+  pending_by_name_.erase(meta.name);
+  pending_.erase(it);
+}
+
+void CoordinatorState::Flush() {
+  std::vector<planning::FusionCandidate> candidates;
+  candidates.reserve(batch_.size());
+  for (const Batched& b : batch_) candidates.push_back({b.bytes, b.fusion_key});
+  for (const auto& bucket : planning::FixedBuckets(candidates, options_.bucket_bytes)) {
+    ScheduleEntry entry;
+    for (size_t i : bucket) entry.group.push_back(std::move(batch_[i].tensor));
+    Append(std::move(entry));
+  }
+  batch_.clear();
+  batch_urgent_ = false;
+}
+
+void CoordinatorState::Append(ScheduleEntry entry) {
+  entry.seq = next_seq_++;
+  log_.push_back(std::move(entry));
+}
+
+void CoordinatorState::Fail(int node, const Status& error) {
+  if (failed() || error.ok()) return;
+  fatal_ = error;
+  pending_.clear();
+  pending_by_name_.clear();
+  batch_.clear();
+  ScheduleEntry entry;
+  entry.fatal = error;
+  Append(std::move(entry));
+}
+
+void CoordinatorState::Leave(int node) {
+  if (node < 0 || node >= options_.num_nodes) return;
+  left_[node] = true;
+  Fail(node, Aborted("the daemon of node " + std::to_string(node) +
+                     " shut down; restart the job"));
+}
+
+void CoordinatorState::Polled(int node, uint64_t after_seq, Clock::time_point now) {
+  if (node < 0 || node >= options_.num_nodes) return;
+  last_poll_[node] = now;
+  acked_[node] = std::max(acked_[node], after_seq);
+  // Entries every node has received are no longer needed.
+  uint64_t everyone = ~0ull;
+  for (int n = 0; n < options_.num_nodes; ++n) {
+    if (!left_[n]) everyone = std::min(everyone, acked_[n]);
+  }
+  while (!log_.empty() && log_.front().seq <= everyone && log_.front().fatal.ok()) {
+    log_.pop_front();
+  }
+}
+
+std::vector<ScheduleEntry> CoordinatorState::EntriesAfter(uint64_t after_seq) const {
+  std::vector<ScheduleEntry> out;
+  for (const ScheduleEntry& e : log_) {
+    if (e.seq > after_seq) out.push_back(e);
+  }
+  return out;
+}
+
+std::string CoordinatorState::NodeList(const Pending& p, bool ready) const {
+  std::ostringstream o;
+  bool first = true;
+  for (int n = 0; n < options_.num_nodes; ++n) {
+    if (p.ready[n] != ready) continue;
+    o << (first ? "" : ",") << n;
+    first = false;
+  }
+  return o.str();
+}
+
+std::vector<std::string> CoordinatorState::Tick(Clock::time_point now) {
+  std::vector<std::string> warnings;
+  if (failed()) return warnings;
+  if (!batch_.empty() && (batch_urgent_ || now - batch_started_ >= options_.cycle)) Flush();
+  for (auto& [slot, p] : pending_) {
+    const std::string& name = metas_[slot - 1].name;
+    auto waited = now - p.first_report;
+    if (waited >= options_.timeout) {
+      Fail(-1, DeadlineExceeded("tensor '" + name + "' was posted on node(s) " + NodeList(p, true) +
+                                " but not on node(s) " + NodeList(p, false) + " within " +
+                                std::to_string(static_cast<int>(Seconds(options_.timeout))) +
+                                " s (SPARSYNC_TIMEOUT_S)"));
+      return warnings;
+    }
+    if (!p.warned && waited >= options_.stall_warn) {
+      p.warned = true;
+      warnings.push_back("tensor '" + name + "' is ready on node(s) " + NodeList(p, true) +
+                         " but node(s) " + NodeList(p, false) + " have not posted it for " +
+                         std::to_string(static_cast<int>(Seconds(waited))) + " s");
+    }
+  }
+  for (int n = 1; n < options_.num_nodes; ++n) {
+    if (left_[n] || !last_poll_[n]) continue;
+    if (now - *last_poll_[n] > options_.node_liveness) {
+      Fail(-1, Unavailable("node " + std::to_string(n) + " has not contacted the coordinator for " +
+                           std::to_string(static_cast<int>(Seconds(now - *last_poll_[n]))) +
+                           " s: its daemon died or the network failed"));
+      break;
+    }
+  }
+  return warnings;
+}
+
+std::optional<Clock::time_point> CoordinatorState::NextDeadline() const {
+  if (failed()) return std::nullopt;
+  std::optional<Clock::time_point> next;
+  auto consider = [&](Clock::time_point t) {
+    if (!next || t < *next) next = t;
+  };
+  if (!batch_.empty()) consider(batch_started_ + options_.cycle);
+  for (const auto& [slot, p] : pending_) {
+    consider(p.first_report + options_.timeout);
+    if (!p.warned) consider(p.first_report + options_.stall_warn);
+  }
+  for (int n = 1; n < options_.num_nodes; ++n) {
+    if (!left_[n] && last_poll_[n]) consider(*last_poll_[n] + options_.node_liveness);
+  }
+  return next;
+}
+
+}  // namespace sparsync::negotiation

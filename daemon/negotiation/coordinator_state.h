@@ -1,0 +1,111 @@
+// CoordinatorState: the negotiation state machine of node 0 (DESIGN.md §1.4), free of gRPC and
+// threads so that tests can step it. Not thread-safe: CoordinatorCore serialises calls.
+//
+// Protocol. Each node reports a tensor once all its local workers have posted it. The first
+// report of a tensor from a node carries its metadata and is answered with a slot number; later
+// rounds report only the slot, so the steady state costs a few integers per tensor, not a gather
+// of names and shapes. A tensor reported by every node is "globally ready"; globally ready
+// tensors are batched for up to `cycle` (explicit collectives are not held back), cut into fusion
+// buckets and appended to one ordered schedule that every node executes in the same order.
+// Name, op, dtype and shape are compared across nodes: a tensor name reported with two different
+// signatures fails the job on every node with a message naming the tensor, both values and the
+// nodes. So do a stall past `timeout`, a node that stops polling, a node that reports a failure
+// and a node that leaves. Failures are sticky: the schedule then ends with one fatal entry.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/negotiation/types.h"
+
+namespace sparsync::negotiation {
+
+struct CoordinatorOptions {
+  int num_nodes = 1;
+  uint64_t bucket_bytes = 64ull << 20;
+  Clock::duration cycle = std::chrono::milliseconds(1);
+  Clock::duration stall_warn = std::chrono::seconds(60);
+  Clock::duration timeout = std::chrono::seconds(300);
+  Clock::duration node_liveness = std::chrono::seconds(10);  // longest silence between polls
+};
+
+// A ready tensor in a report: either a known slot or an index into the report's new tensors.
+struct ReportedReady {
+  std::optional<uint32_t> slot;
+  std::optional<uint32_t> new_index;
+  std::vector<int64_t> worker_dim0;
+};
+
+class CoordinatorState {
+ public:
+  explicit CoordinatorState(CoordinatorOptions options);
+
+  // Assigns slots to `new_tensors` (in order) and marks `ready` tensors ready on `node`.
+  // Errors: INVALID_ARGUMENT for a malformed report (the report is ignored); ABORTED once the
+  // job has failed.
+  Result<std::vector<uint32_t>> Report(int node, const std::vector<TensorMeta>& new_tensors,
+                                       const std::vector<ReportedReady>& ready,
+                                       Clock::time_point now);
+
+  // Fails the job (first failure wins). `node` < 0: the coordinator itself.
+  void Fail(int node, const Status& error);
+  // A node's daemon is shutting down: fails the job unless it already failed.
+  void Leave(int node);
+  // Records that `node` polled (liveness) and has received entries up to `after_seq`.
+  void Polled(int node, uint64_t after_seq, Clock::time_point now);
+
+  // Schedule entries with seq > after_seq, in order.
+  std::vector<ScheduleEntry> EntriesAfter(uint64_t after_seq) const;
+  uint64_t last_seq() const { return next_seq_ - 1; }
+  bool failed() const { return !fatal_.ok(); }
+  const Status& fatal() const { return fatal_; }
+
+  // Flushes due batches into the schedule and checks stalls and liveness. Returns warning lines
+  // to log (stalled tensors).
+  std::vector<std::string> Tick(Clock::time_point now);
+  // When Tick next has something to do, if ever.
+  std::optional<Clock::time_point> NextDeadline() const;
+
+  const TensorMeta* Meta(uint32_t slot) const;
+  size_t retained_entries() const { return log_.size(); }
+
+ private:
+  struct Pending {
+    std::vector<bool> ready;                      // per node
+    std::vector<std::vector<int64_t>> node_dims;  // ALLGATHER: per node, per local worker
+    int ready_count = 0;
+    Clock::time_point first_report;
+    bool warned = false;
+  };
+  struct Batched {
+    GroupTensor tensor;
+    uint64_t bytes = 0;
+    uint64_t fusion_key = 0;
+  };
+
+  void MarkReady(int node, uint32_t slot, std::vector<int64_t> dims, Clock::time_point now);
+  void Flush();
+  void Append(ScheduleEntry entry);
+  std::string NodeList(const Pending& p, bool ready) const;
+
+  CoordinatorOptions options_;
+  std::vector<TensorMeta> metas_;  // slot - 1 -> metadata
+  std::unordered_map<std::string, uint32_t> slot_by_signature_;
+  std::map<uint32_t, Pending> pending_;               // slot -> readiness across nodes
+  std::unordered_map<std::string, uint32_t> pending_by_name_;
+  std::vector<Batched> batch_;                        // globally ready, not yet scheduled
+  Clock::time_point batch_started_;
+  bool batch_urgent_ = false;
+  std::deque<ScheduleEntry> log_;
+  uint64_t next_seq_ = 1;
+  std::vector<std::optional<Clock::time_point>> last_poll_;
+  std::vector<uint64_t> acked_;
+  std::vector<bool> left_;
+  Status fatal_;
+};
+
+}  // namespace sparsync::negotiation

@@ -1,0 +1,82 @@
+#include "daemon/negotiation/grpc_convert.h"
+
+namespace sparsync::negotiation {
+
+grpc::Status ToGrpc(const Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  grpc::StatusCode code = grpc::StatusCode::INTERNAL;
+  switch (status.code()) {
+    case StatusCode::kInvalidArgument: code = grpc::StatusCode::INVALID_ARGUMENT; break;
+    case StatusCode::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
+    case StatusCode::kDeadlineExceeded: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
+    case StatusCode::kMismatch: code = grpc::StatusCode::FAILED_PRECONDITION; break;
+    case StatusCode::kAborted: code = grpc::StatusCode::ABORTED; break;
+    case StatusCode::kPermissionDenied: code = grpc::StatusCode::PERMISSION_DENIED; break;
+    default: break;
+  }
+  return grpc::Status(code, status.message());
+}
+
+Status FromGrpc(const grpc::Status& status, const std::string& what) {
+  if (status.ok()) return Status::Ok();
+  StatusCode code = StatusCode::kInternal;
+  switch (status.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT: code = StatusCode::kInvalidArgument; break;
+    case grpc::StatusCode::UNAVAILABLE: code = StatusCode::kUnavailable; break;
+    case grpc::StatusCode::DEADLINE_EXCEEDED: code = StatusCode::kDeadlineExceeded; break;
+    case grpc::StatusCode::FAILED_PRECONDITION: code = StatusCode::kMismatch; break;
+    case grpc::StatusCode::ABORTED: code = StatusCode::kAborted; break;
+    case grpc::StatusCode::PERMISSION_DENIED: code = StatusCode::kPermissionDenied; break;
+    default: break;
+  }
+  return Status(code, what + ": " + status.error_message());
+}
+
+void ToProto(const TensorMeta& in, v1::TensorMeta* out) {
+  out->set_name(in.name);
+  out->set_op(in.op);
+  out->set_dtype(in.dtype);
+  out->set_reduce_op(in.reduce_op);
+  out->set_root_rank(in.root_rank);
+  for (int64_t d : in.shape) out->add_shape(d);
+}
+
+TensorMeta FromProto(const v1::TensorMeta& in) {
+  TensorMeta m;
+  m.name = in.name();
+  m.op = in.op();
+  m.dtype = in.dtype();
+  m.reduce_op = in.reduce_op();
+  m.root_rank = in.root_rank();
+  m.shape.assign(in.shape().begin(), in.shape().end());
+  return m;
+}
+
+void ToProto(const ScheduleEntry& in, v1::ScheduleEntry* out) {
+  out->set_seq(in.seq);
+  for (const GroupTensor& t : in.group) {
+    auto* g = out->add_group();
+    g->set_slot(t.slot);
+    for (int64_t d : t.worker_dim0) g->add_worker_dim0(d);
+  }
+  if (!in.fatal.ok()) {
+    out->set_fatal_error(in.fatal.message());
+    out->set_fatal_code(static_cast<uint32_t>(in.fatal.code()));
+  }
+}
+
+ScheduleEntry FromProto(const v1::ScheduleEntry& in) {
+  ScheduleEntry e;
+  e.seq = in.seq();
+  for (const auto& g : in.group()) {
+    e.group.push_back({g.slot(), {g.worker_dim0().begin(), g.worker_dim0().end()}});
+  }
+  if (!in.fatal_error().empty()) {
+    uint32_t code = in.fatal_code();
+    e.fatal = Status(code >= 1 && code <= 7 ? static_cast<StatusCode>(code) : StatusCode::kAborted,
+                     in.fatal_error());
+  }
+  return e;
+}
+
+}  // namespace sparsync::negotiation

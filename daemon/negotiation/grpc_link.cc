@@ -1,0 +1,142 @@
+#include "daemon/negotiation/grpc_link.h"
+
+#include <spdlog/spdlog.h>
+
+#include <thread>
+
+#include "daemon/negotiation/coordinator_core.h"
+#include "daemon/negotiation/grpc_convert.h"
+
+namespace sparsync::negotiation {
+
+GrpcCoordinatorLink::GrpcCoordinatorLink(const std::string& address, std::string job_token,
+                                         std::chrono::milliseconds rpc_timeout)
+    : address_(address), job_token_(std::move(job_token)), rpc_timeout_(rpc_timeout) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::Coordinator::NewStub(channel_);
+}
+
+GrpcCoordinatorLink::~GrpcCoordinatorLink() = default;
+
+void GrpcCoordinatorLink::SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds d) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + d);
+}
+
+Status GrpcCoordinatorLink::Join(const JoinInfo& info, std::chrono::milliseconds timeout) {
+  // Node 0 may not be up yet: wait for the channel, retrying until the deadline.
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  int attempt = 0;
+  while (true) {
+    grpc::ClientContext ctx;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return DeadlineExceeded("could not join the coordinator at " + address_ +
+                              " (SPARSYNC_COORDINATOR) within " +
+                              std::to_string(timeout.count() / 1000) + " s; is node 0 running?");
+    }
+    SetDeadline(&ctx, left);
+    ctx.set_wait_for_ready(true);
+    v1::JoinRequest req;
+    req.set_protocol_version(info.protocol_version);
+    req.set_job_token(info.job_token);
+    req.set_node_rank(info.node_rank);
+    req.set_num_nodes(info.num_nodes);
+    req.set_local_size(info.local_size);
+    v1::JoinResponse resp;
+    grpc::Status st = stub_->Join(&ctx, req, &resp);
+    if (st.ok()) return Status::Ok();
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      return FromGrpc(st, "joining the coordinator at " + address_);
+    }
+    if (++attempt % 10 == 1) spdlog::info("waiting for the coordinator at {}", address_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // reconnect back-off
+  }
+}
+
+Status GrpcCoordinatorLink::StoreSet(const std::string& key, const std::string& value) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  v1::StoreSetRequest req;
+  req.set_job_token(job_token_);
+  req.set_key(key);
+  req.set_value(value);
+  v1::StoreSetResponse resp;
+  return FromGrpc(stub_->StoreSet(&ctx, req, &resp), "rendezvous store set");
+}
+
+Result<std::vector<std::string>> GrpcCoordinatorLink::StoreGet(const std::vector<std::string>& keys,
+                                                               std::chrono::milliseconds timeout) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout + rpc_timeout_);
+  v1::StoreGetRequest req;
+  req.set_job_token(job_token_);
+  for (const auto& k : keys) req.add_keys(k);
+  req.set_wait_ms(static_cast<uint32_t>(timeout.count()));
+  v1::StoreGetResponse resp;
+  SPARSYNC_RETURN_IF_ERROR(FromGrpc(stub_->StoreGet(&ctx, req, &resp), "rendezvous store get"));
+  return std::vector<std::string>(resp.values().begin(), resp.values().end());
+}
+
+Result<std::vector<uint32_t>> GrpcCoordinatorLink::Report(
+    int node, const std::vector<TensorMeta>& new_tensors, const std::vector<ReportedReady>& ready) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  v1::ReportRequest req;
+  req.set_job_token(job_token_);
+  req.set_node_rank(node);
+  for (const auto& m : new_tensors) ToProto(m, req.add_new_tensors());
+  for (const auto& r : ready) {
+    auto* out = req.add_ready();
+    if (r.slot) out->set_slot(*r.slot);
+    if (r.new_index) out->set_new_index(*r.new_index);
+    for (int64_t d : r.worker_dim0) out->add_worker_dim0(d);
+  }
+  v1::ReportResponse resp;
+  SPARSYNC_RETURN_IF_ERROR(FromGrpc(stub_->Report(&ctx, req, &resp), "reporting to the coordinator"));
+  return std::vector<uint32_t>(resp.new_slots().begin(), resp.new_slots().end());
+}
+
+Result<std::vector<ScheduleEntry>> GrpcCoordinatorLink::Poll(int node, uint64_t after_seq,
+                                                             std::chrono::milliseconds wait) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, wait + rpc_timeout_);
+  v1::PollRequest req;
+  req.set_job_token(job_token_);
+  req.set_node_rank(node);
+  req.set_after_seq(after_seq);
+  req.set_wait_ms(static_cast<uint32_t>(wait.count()));
+  v1::PollResponse resp;
+  SPARSYNC_RETURN_IF_ERROR(FromGrpc(stub_->Poll(&ctx, req, &resp), "polling the coordinator"));
+  std::vector<ScheduleEntry> entries;
+  for (const auto& e : resp.entries()) entries.push_back(FromProto(e));
+  return entries;
+}
+
+Status GrpcCoordinatorLink::Fail(int node, const Status& error) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  v1::FailRequest req;
+  req.set_job_token(job_token_);
+  req.set_node_rank(node);
+  req.set_message(error.message());
+  req.set_code(static_cast<uint32_t>(error.code()));
+  v1::FailResponse resp;
+  return FromGrpc(stub_->Fail(&ctx, req, &resp), "reporting a failure to the coordinator");
+}
+
+Status GrpcCoordinatorLink::Leave(int node) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, std::chrono::seconds(2));
+  v1::LeaveRequest req;
+  req.set_job_token(job_token_);
+  req.set_node_rank(node);
+  v1::LeaveResponse resp;
+  return FromGrpc(stub_->Leave(&ctx, req, &resp), "leaving the coordinator");
+}
+
+}  // namespace sparsync::negotiation

@@ -1,0 +1,44 @@
+// GrpcCoordinatorLink: a non-zero node's connection to the coordinator on node 0.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "daemon/negotiation/coordinator_link.h"
+#include "sparsync/v1/coordinator.grpc.pb.h"
+
+
+namespace sparsync::negotiation {
+
+class GrpcCoordinatorLink : public CoordinatorLink {
+ public:
+  // `rpc_timeout`: deadline of the short calls (everything but Join, StoreGet and Poll, whose
+  // deadline follows their own wait).
+  GrpcCoordinatorLink(const std::string& address, std::string job_token,
+                      std::chrono::milliseconds rpc_timeout);
+  ~GrpcCoordinatorLink() override;
+
+  Status Join(const JoinInfo& info, std::chrono::milliseconds timeout) override;
+  Status StoreSet(const std::string& key, const std::string& value) override;
+  Result<std::vector<std::string>> StoreGet(const std::vector<std::string>& keys,
+                                            std::chrono::milliseconds timeout) override;
+  Result<std::vector<uint32_t>> Report(int node, const std::vector<TensorMeta>& new_tensors,
+                                       const std::vector<ReportedReady>& ready) override;
+  Result<std::vector<ScheduleEntry>> Poll(int node, uint64_t after_seq,
+                                          std::chrono::milliseconds wait) override;
+  Status Fail(int node, const Status& error) override;
+  Status Leave(int node) override;
+
+ private:
+  void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds d) const;
+
+  std::string address_;
+  std::string job_token_;
+  std::chrono::milliseconds rpc_timeout_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+}  // namespace sparsync::negotiation

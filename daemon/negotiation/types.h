@@ -1,0 +1,54 @@
+// Negotiation vocabulary shared by the coordinator and the nodes; free of gRPC types.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "daemon/common/status.h"
+
+namespace sparsync::negotiation {
+
+using Clock = std::chrono::steady_clock;
+
+// What identifies a tensor across nodes (see TensorMeta in coordinator.proto).
+struct TensorMeta {
+  std::string name;
+  uint32_t op = 0;         // sparsync_op
+  uint32_t dtype = 0;      // sparsync_dtype
+  uint32_t reduce_op = 0;  // sparsync_reduce_op
+  int32_t root_rank = 0;
+  std::vector<int64_t> shape;
+
+  // Equal keys <=> same tensor on every node. ALLGATHER ignores the first dimension.
+  std::string SignatureKey() const;
+  // "shape [512,784], dtype float32, op allreduce" for error messages.
+  std::string Describe() const;
+  int64_t NumElements() const;
+  bool operator==(const TensorMeta&) const = default;
+};
+
+// A tensor a node reports ready, by slot.
+struct ReadyRef {
+  uint32_t slot = 0;
+  std::vector<int64_t> worker_dim0;  // ALLGATHER: each local worker's first dimension
+};
+
+struct GroupTensor {
+  uint32_t slot = 0;
+  std::vector<int64_t> worker_dim0;  // ALLGATHER: every worker's first dimension, rank order
+};
+
+// One step of the schedule that every node executes in the same order.
+struct ScheduleEntry {
+  uint64_t seq = 0;
+  std::vector<GroupTensor> group;  // a merge group, or empty when `fatal` is set
+  Status fatal;                    // non-OK: the job failed; fail everything pending
+};
+
+std::string DTypeName(uint32_t dtype);
+std::string OpName(uint32_t op);
+size_t DTypeSize(uint32_t dtype);
+
+}  // namespace sparsync::negotiation

@@ -1,0 +1,115 @@
+#include "daemon/pipeline/dense_math.h"
+
+#include <cstring>
+
+#include "proto/intake/wire.h"
+
+namespace sparsync::pipeline {
+
+float HalfToFloat(uint16_t h) {
+  _Float16 v;
+  std::memcpy(&v, &h, sizeof(v));
+  return static_cast<float>(v);
+}
+
+uint16_t FloatToHalf(float f) {
+  _Float16 v = static_cast<_Float16>(f);  // round to nearest even
+  uint16_t h;
+  std::memcpy(&h, &v, sizeof(h));
+  return h;
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t FloatToBFloat16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu)) {
+    return static_cast<uint16_t>((bits >> 16) | 0x40);  // keep NaN a NaN
+  }
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+transport::ElementType AccumulatorType(uint32_t dtype) {
+  switch (dtype) {
+    case SPARSYNC_FLOAT64: return transport::ElementType::kFloat64;
+    case SPARSYNC_INT32: return transport::ElementType::kInt32;
+    case SPARSYNC_INT64: return transport::ElementType::kInt64;
+    default: return transport::ElementType::kFloat32;
+  }
+}
+
+bool AccumulatesInPlace(uint32_t dtype) {
+  return dtype == SPARSYNC_FLOAT32 || dtype == SPARSYNC_FLOAT64 || dtype == SPARSYNC_INT32 ||
+         dtype == SPARSYNC_INT64;
+}
+
+namespace {
+
+template <typename Acc, typename In, typename Convert>
+void Sum(Acc* acc, std::span<const void* const> inputs, size_t count, Convert convert) {
+  const In* first = static_cast<const In*>(inputs[0]);
+  for (size_t i = 0; i < count; ++i) acc[i] = convert(first[i]);
+  for (size_t j = 1; j < inputs.size(); ++j) {
+    const In* in = static_cast<const In*>(inputs[j]);
+    for (size_t i = 0; i < count; ++i) acc[i] += convert(in[i]);
+  }
+}
+
+template <typename Acc, typename Out, typename Convert>
+void Write(const Acc* acc, size_t count, double divisor, Out* out, Convert convert) {
+  if (divisor == 1.0) {
+    for (size_t i = 0; i < count; ++i) out[i] = convert(acc[i]);
+  } else {
+    const Acc d = static_cast<Acc>(divisor);
+    for (size_t i = 0; i < count; ++i) out[i] = convert(acc[i] / d);
+  }
+}
+
+template <typename T>
+T Same(T v) { return v; }
+
+}  // namespace
+
+void SumInto(void* acc, std::span<const void* const> inputs, size_t count, uint32_t dtype) {
+  if (inputs.empty() || count == 0) return;
+  switch (dtype) {
+    case SPARSYNC_FLOAT32: Sum<float, float>(static_cast<float*>(acc), inputs, count, Same<float>); break;
+    case SPARSYNC_FLOAT64: Sum<double, double>(static_cast<double*>(acc), inputs, count, Same<double>); break;
+    case SPARSYNC_INT32: Sum<int32_t, int32_t>(static_cast<int32_t*>(acc), inputs, count, Same<int32_t>); break;
+    case SPARSYNC_INT64: Sum<int64_t, int64_t>(static_cast<int64_t*>(acc), inputs, count, Same<int64_t>); break;
+    case SPARSYNC_FLOAT16: Sum<float, uint16_t>(static_cast<float*>(acc), inputs, count, HalfToFloat); break;
+    case SPARSYNC_BFLOAT16: Sum<float, uint16_t>(static_cast<float*>(acc), inputs, count, BFloat16ToFloat); break;
+  }
+}
+
+void WriteBack(const void* acc, size_t count, double divisor, void* out, uint32_t dtype) {
+  switch (dtype) {
+    case SPARSYNC_FLOAT32: Write(static_cast<const float*>(acc), count, divisor, static_cast<float*>(out), Same<float>); break;
+    case SPARSYNC_FLOAT64: Write(static_cast<const double*>(acc), count, divisor, static_cast<double*>(out), Same<double>); break;
+    case SPARSYNC_INT32: Write(static_cast<const int32_t*>(acc), count, 1.0, static_cast<int32_t*>(out), Same<int32_t>); break;
+    case SPARSYNC_INT64: Write(static_cast<const int64_t*>(acc), count, 1.0, static_cast<int64_t*>(out), Same<int64_t>); break;
+    case SPARSYNC_FLOAT16: Write(static_cast<const float*>(acc), count, divisor, static_cast<uint16_t*>(out), FloatToHalf); break;
+    case SPARSYNC_BFLOAT16: Write(static_cast<const float*>(acc), count, divisor, static_cast<uint16_t*>(out), FloatToBFloat16); break;
+  }
+}
+
+void DivideInPlace(void* data, size_t count, double divisor, uint32_t dtype) {
+  if (divisor == 1.0) return;
+  if (dtype == SPARSYNC_FLOAT64) {
+    double* d = static_cast<double*>(data);
+    for (size_t i = 0; i < count; ++i) d[i] /= divisor;
+  } else if (dtype == SPARSYNC_FLOAT32) {
+    float* f = static_cast<float*>(data);
+    const float div = static_cast<float>(divisor);
+    for (size_t i = 0; i < count; ++i) f[i] /= div;
+  }
+}
+
+}  // namespace sparsync::pipeline

@@ -1,0 +1,336 @@
+#include "daemon/pipeline/tensor_table.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+#include "daemon/intake/codec.h"
+
+namespace sparsync::pipeline {
+
+using negotiation::TensorMeta;
+
+namespace {
+
+TensorMeta MetaOf(const sparsync_register& r) {
+  TensorMeta m;
+  m.name.assign(r.name, r.name_len);
+  m.op = r.op;
+  m.dtype = r.dtype;
+  m.reduce_op = r.reduce_op;
+  m.root_rank = r.op == SPARSYNC_OP_BROADCAST ? r.root_rank : 0;
+  m.shape.assign(r.shape, r.shape + r.ndim);
+  return m;
+}
+
+}  // namespace
+
+Status SendDone(const WorkerPart& part, const Status& status, int result_fd,
+                uint64_t result_bytes, int64_t result_dim0) {
+  sparsync_done done{};
+  intake::FillHeader(&done.header, SPARSYNC_MSG_DONE, sizeof(done));
+  done.tensor_id = part.tensor_id;
+  done.round = part.round;
+  done.status = intake::WireStatus(status);
+  done.result_bytes = result_bytes;
+  done.result_dim0 = result_dim0;
+  if (!status.ok()) intake::CopyMessage(done.message, status.message());
+  return part.session->Send(&done, sizeof(done), result_fd);
+}
+
+TensorTable::TensorTable(World world, std::string job_token, ReportFn report, FailFn fail)
+    : world_(world),
+      job_token_(std::move(job_token)),
+      report_(std::move(report)),
+      fail_(std::move(fail)),
+      workers_(world.local_size) {}
+
+void TensorTable::OnHello(const std::shared_ptr<intake::WorkerSession>& session,
+                          const sparsync_hello& hello, sparsync_hello_reply* reply) {
+  auto refuse = [&](int32_t code, const std::string& why) {
+    reply->status = code;
+    intake::CopyMessage(reply->message, why);
+  };
+  std::string token(hello.job_token, hello.token_len);
+  std::lock_guard lock(mu_);
+  if (!fatal_.ok()) return refuse(intake::WireStatus(fatal_), "the job has failed: " + fatal_.message());
+  bool token_ok = token.size() == job_token_.size();
+  unsigned char diff = 0;
+  for (size_t i = 0; token_ok && i < token.size(); ++i) diff |= token[i] ^ job_token_[i];
+  if (!token_ok || diff) {
+    return refuse(SPARSYNC_ERR_PERMISSION,
+                  "wrong SPARSYNC_JOB_TOKEN: the worker's token differs from the daemon's");
+  }
+  if (hello.local_rank >= static_cast<uint32_t>(world_.local_size)) {
+    return refuse(SPARSYNC_ERR_INVALID,
+                  "SPARSYNC_LOCAL_RANK=" + std::to_string(hello.local_rank) + " but this daemon serves " +
+                      std::to_string(world_.local_size) + " worker(s) (SPARSYNC_LOCAL_SIZE)");
+  }
+  if (auto other = workers_[hello.local_rank].lock()) {
+    return refuse(SPARSYNC_ERR_INVALID, "local rank " + std::to_string(hello.local_rank) +
+                                            " is already connected (pid " +
+                                            std::to_string(other->pid) + ")");
+  }
+  session->greeted = true;
+  session->local_rank = hello.local_rank;
+  session->pid = hello.pid;
+  workers_[hello.local_rank] = session;
+  reply->status = SPARSYNC_OK;
+  reply->node_rank = world_.node_rank;
+  reply->num_nodes = world_.num_nodes;
+  reply->local_rank = hello.local_rank;
+  reply->local_size = world_.local_size;
+  reply->rank = world_.node_rank * world_.local_size + hello.local_rank;
+  reply->size = world_.size();
+  spdlog::info("{} connected (global rank {})", session->Describe(world_.node_rank), reply->rank);
+}
+
+Status TensorTable::CheckCompatible(const Tensor& t, const TensorMeta& meta, int local_rank) const {
+  if (t.meta.SignatureKey() == meta.SignatureKey()) return Status::Ok();
+  int other = -1;
+  for (int r = 0; r < world_.local_size; ++r) {
+    if (t.parts[r]) {
+      other = r;
+      break;
+    }
+  }
+  return Mismatch("tensor '" + meta.name + "' has " + meta.Describe() + " on local rank " +
+                  std::to_string(local_rank) + " of node " + std::to_string(world_.node_rank) +
+                  " but " + t.meta.Describe() + " on local rank " + std::to_string(other));
+}
+
+void TensorTable::OnRegister(const std::shared_ptr<intake::WorkerSession>& session,
+                             const sparsync_register& msg, sparsync_register_reply* reply,
+                             std::shared_ptr<intake::SharedRegion>* region) {
+  auto refuse = [&](const Status& st) {
+    reply->status = intake::WireStatus(st);
+    intake::CopyMessage(reply->message, st.message());
+  };
+  TensorMeta meta = MetaOf(msg);
+  if (meta.op == SPARSYNC_OP_BROADCAST && meta.root_rank >= world_.size()) {
+    return refuse(InvalidArgument("broadcast of '" + meta.name + "' from root rank " +
+                                  std::to_string(meta.root_rank) + " but the job has " +
+                                  std::to_string(world_.size()) + " workers"));
+  }
+  size_t bytes = static_cast<size_t>(meta.NumElements()) * intake::WireDTypeSize(meta.dtype);
+  std::lock_guard lock(mu_);
+  if (!fatal_.ok()) return refuse(fatal_);
+  if (session->tensors.count(msg.tensor_id)) {
+    return refuse(InvalidArgument("tensor id " + std::to_string(msg.tensor_id) +
+                                  " is already registered by this worker"));
+  }
+  auto it = tensors_.find(meta.name);
+  if (it != tensors_.end()) {
+    Status st = CheckCompatible(it->second, meta, session->local_rank);
+    if (!st.ok()) return refuse(st);
+    if (it->second.parts[session->local_rank]) {
+      return refuse(InvalidArgument("tensor '" + meta.name + "' is already registered by this worker"));
+    }
+  }
+  auto created = intake::SharedRegion::Create(meta.name, bytes);
+  if (!created.ok()) return refuse(created.status());
+  if (it == tensors_.end()) {
+    it = tensors_.emplace(meta.name, Tensor{}).first;
+    it->second.meta = meta;
+    it->second.parts.resize(world_.local_size);
+    it->second.posted.assign(world_.local_size, false);
+  }
+  auto part = std::make_unique<WorkerPart>();
+  part->session = session;
+  part->tensor_id = msg.tensor_id;
+  part->region = *created;
+  part->dim0 = meta.shape.empty() ? 1 : meta.shape[0];
+  it->second.parts[session->local_rank] = std::move(part);
+  session->tensors[msg.tensor_id] = meta.name;
+  *region = *created;
+  reply->status = SPARSYNC_OK;
+  reply->region_bytes = bytes;
+}
+
+Status TensorTable::OnReady(const std::shared_ptr<intake::WorkerSession>& session,
+                            const sparsync_ready& msg) {
+  std::optional<ReadyNotice> notice;
+  std::optional<std::pair<WorkerPart, Status>> refuse;
+  {
+    std::lock_guard lock(mu_);
+    auto id = session->tensors.find(msg.tensor_id);
+    if (id == session->tensors.end()) {
+      return InvalidArgument("READY for unregistered tensor id " + std::to_string(msg.tensor_id));
+    }
+    Tensor& t = tensors_.at(id->second);
+    WorkerPart& part = *t.parts[session->local_rank];
+    if (msg.round != part.round + 1) {
+      return InvalidArgument("READY of '" + t.meta.name + "' for round " + std::to_string(msg.round) +
+                             ", expected " + std::to_string(part.round + 1));
+    }
+    if (t.posted[session->local_rank]) {
+      return InvalidArgument("READY of '" + t.meta.name + "' before its previous round was done");
+    }
+    part.round = msg.round;
+    if (!fatal_.ok()) {
+      refuse.emplace(part, fatal_);
+    } else {
+      t.posted[session->local_rank] = true;
+      if (++t.posted_count == world_.local_size) {
+        t.in_flight = true;
+        ReadyNotice n;
+        n.meta = t.meta;
+        n.slot = t.slot;
+        if (t.meta.op == SPARSYNC_OP_ALLGATHER) {
+          for (const auto& p : t.parts) n.worker_dim0.push_back(p->dim0);
+        }
+        notice = std::move(n);
+      }
+    }
+  }
+  if (refuse) (void)SendDone(refuse->first, refuse->second);
+  if (notice) report_(std::move(*notice));
+  return Status::Ok();
+}
+
+Status TensorTable::OnUnregister(const std::shared_ptr<intake::WorkerSession>& session,
+                                 const sparsync_unregister& msg) {
+  std::lock_guard lock(mu_);
+  auto id = session->tensors.find(msg.tensor_id);
+  if (id == session->tensors.end()) {
+    return InvalidArgument("UNREGISTER of unknown tensor id " + std::to_string(msg.tensor_id));
+  }
+  auto it = tensors_.find(id->second);
+  Tensor& t = it->second;
+  if (t.posted[session->local_rank]) {
+    return InvalidArgument("UNREGISTER of '" + t.meta.name + "' while it is in flight");
+  }
+  t.parts[session->local_rank].reset();
+  session->tensors.erase(id);
+  bool empty = true;
+  for (const auto& p : t.parts) empty = empty && !p;
+  if (empty) {
+    if (t.slot) name_by_slot_.erase(t.slot);
+    tensors_.erase(it);
+  }
+  return Status::Ok();
+}
+
+void TensorTable::OnDisconnect(const std::shared_ptr<intake::WorkerSession>& session,
+                               const Status& reason) {
+  bool had_posted = false;
+  bool had_tensors = !session->tensors.empty();
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, name] : session->tensors) {
+      auto it = tensors_.find(name);
+      if (it == tensors_.end()) continue;
+      had_posted = had_posted || it->second.posted[session->local_rank];
+      // Parts in flight stay alive in the executor's GroupMembers.
+      it->second.parts[session->local_rank].reset();
+    }
+    session->tensors.clear();
+    if (workers_[session->local_rank].lock() == session) workers_[session->local_rank].reset();
+  }
+  if (reason.ok() && !had_posted) {
+    spdlog::info("{} said goodbye", session->Describe(world_.node_rank));
+    return;
+  }
+  if (!reason.ok() && !had_tensors && !had_posted) return;  // never took part in the job
+  Status error = reason.ok() ? Aborted(session->Describe(world_.node_rank) +
+                                       " left with collectives in flight")
+                             : Aborted(reason.message());
+  FailAll(error);
+  fail_(error);
+}
+
+void TensorTable::BindSlot(const std::string& name, uint32_t slot) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) return;
+    it->second.slot = slot;
+    name_by_slot_[slot] = name;
+  }
+  slot_bound_.notify_all();
+}
+
+Result<std::vector<GroupMember>> TensorTable::Resolve(const negotiation::ScheduleEntry& entry,
+                                                      std::chrono::milliseconds wait) {
+  std::unique_lock lock(mu_);
+  std::vector<GroupMember> members;
+  for (const auto& scheduled : entry.group) {
+    bool bound = slot_bound_.wait_for(lock, wait, [&] {
+      return !fatal_.ok() || name_by_slot_.count(scheduled.slot) > 0;
+    });
+    if (!fatal_.ok()) return fatal_;
+    if (!bound) {
+      return Internal("the schedule names slot " + std::to_string(scheduled.slot) +
+                      " which this node never reported");
+    }
+    Tensor& t = tensors_.at(name_by_slot_.at(scheduled.slot));
+    if (!t.in_flight) {
+      return Internal("tensor '" + t.meta.name + "' was scheduled but is not ready on this node");
+    }
+    GroupMember m;
+    m.meta = t.meta;
+    m.scheduled = scheduled;
+    m.generation = t.generation;
+    for (int r = 0; r < world_.local_size; ++r) {
+      if (!t.parts[r]) {
+        return Aborted("local rank " + std::to_string(r) + " of node " +
+                       std::to_string(world_.node_rank) + " left while '" + t.meta.name +
+                       "' was in flight");
+      }
+      m.parts.push_back(*t.parts[r]);
+    }
+    members.push_back(std::move(m));
+  }
+  return members;
+}
+
+std::vector<const GroupMember*> TensorTable::Finish(const std::vector<GroupMember>& members) {
+  std::vector<const GroupMember*> current;
+  std::lock_guard lock(mu_);
+  for (const GroupMember& m : members) {
+    auto it = tensors_.find(m.meta.name);
+    if (it == tensors_.end() || it->second.generation != m.generation || !it->second.in_flight) {
+      continue;
+    }
+    Tensor& t = it->second;
+    t.in_flight = false;
+    t.posted.assign(world_.local_size, false);
+    t.posted_count = 0;
+    ++t.generation;
+    current.push_back(&m);
+  }
+  return current;
+}
+
+void TensorTable::FailLocked(const Status& error,
+                             std::vector<std::pair<WorkerPart, Status>>* to_send) {
+  if (fatal_.ok()) fatal_ = error;
+  for (auto& [name, t] : tensors_) {
+    for (int r = 0; r < world_.local_size; ++r) {
+      if (t.posted[r] && t.parts[r]) to_send->emplace_back(*t.parts[r], fatal_);
+    }
+    t.posted.assign(world_.local_size, false);
+    t.posted_count = 0;
+    t.in_flight = false;
+    ++t.generation;
+  }
+}
+
+void TensorTable::FailAll(const Status& error) {
+  std::vector<std::pair<WorkerPart, Status>> to_send;
+  {
+    std::lock_guard lock(mu_);
+    bool first = fatal_.ok();
+    FailLocked(error, &to_send);
+    if (first) spdlog::error("job failed: {}", fatal_.message());
+  }
+  slot_bound_.notify_all();
+  for (const auto& [part, st] : to_send) (void)SendDone(part, st);
+}
+
+Status TensorTable::fatal() const {
+  std::lock_guard lock(mu_);
+  return fatal_;
+}
+
+}  // namespace sparsync::pipeline

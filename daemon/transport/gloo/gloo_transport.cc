@@ -1,0 +1,160 @@
+#include "daemon/transport/gloo/gloo_transport.h"
+
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstring>
+#include <exception>
+
+namespace sparsync::transport {
+namespace {
+
+// Gloo's Store interface over our rendezvous store. Gloo expects exceptions from a store.
+class StoreAdapter : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(RendezvousStore* store, std::chrono::milliseconds timeout)
+      : store_(store), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Status st = store_->Set(key, std::string(data.begin(), data.end()));
+    if (!st.ok()) throw std::runtime_error(st.message());
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto values = store_->Get({key}, timeout_);
+    if (!values.ok()) throw std::runtime_error(values.status().message());
+    return std::vector<char>(values->front().begin(), values->front().end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    auto values = store_->Get(keys, t);
+    if (!values.ok()) throw std::runtime_error(values.status().message());
+  }
+
+ private:
+  RendezvousStore* store_;
+  std::chrono::milliseconds timeout_;
+};
+
+template <typename T>
+void SumInto(void* c, const void* a, const void* b, size_t n) {
+  gloo::sum<T>(c, a, b, n);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<GlooTransport>> GlooTransport::Create(int rank, int size,
+                                                              const std::string& listen,
+                                                              RendezvousStore* store,
+                                                              std::chrono::milliseconds timeout) {
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = listen;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(timeout);
+    StoreAdapter adapter(store, timeout);
+    context->connectFullMesh(adapter, device);
+    return std::unique_ptr<GlooTransport>(new GlooTransport(rank, size, context));
+  } catch (const std::exception& e) {
+    return Unavailable(std::string("connecting the Gloo mesh from ") + listen +
+                       " (SPARSYNC_LISTEN) failed: " + e.what());
+  }
+}
+
+GlooTransport::GlooTransport(int rank, int size, std::shared_ptr<gloo::Context> context)
+    : rank_(rank), size_(size), context_(std::move(context)) {}
+
+GlooTransport::~GlooTransport() = default;
+
+void GlooTransport::Abort(const Status& reason) {
+  std::lock_guard lock(mu_);
+  if (aborted_.ok()) aborted_ = reason.ok() ? Aborted("transport aborted") : reason;
+}
+
+Status GlooTransport::Guard(const char* what) {
+  std::lock_guard lock(mu_);
+  if (!aborted_.ok()) return aborted_;
+  return Status::Ok();
+}
+
+Status GlooTransport::AllReduceSum(void* data, size_t count, ElementType type, uint32_t tag) {
+  SPARSYNC_RETURN_IF_ERROR(Guard("allreduce"));
+  if (count == 0 || size_ == 1) return Status::Ok();
+  try {
+    gloo::AllreduceOptions opts(context_);
+    opts.setTag(tag);
+    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    switch (type) {
+      case ElementType::kFloat32:
+        opts.setOutput(static_cast<float*>(data), count);
+        opts.setReduceFunction(&SumInto<float>);
+        break;
+      case ElementType::kFloat64:
+        opts.setOutput(static_cast<double*>(data), count);
+        opts.setReduceFunction(&SumInto<double>);
+        break;
+      case ElementType::kInt32:
+        opts.setOutput(static_cast<int32_t*>(data), count);
+        opts.setReduceFunction(&SumInto<int32_t>);
+        break;
+      case ElementType::kInt64:
+        opts.setOutput(static_cast<int64_t*>(data), count);
+        opts.setReduceFunction(&SumInto<int64_t>);
+        break;
+    }
+    gloo::allreduce(opts);
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    Abort(Unavailable(std::string("Gloo allreduce failed: ") + e.what()));
+    return Guard("after failure");
+  }
+}
+
+Status GlooTransport::AllGatherV(const void* send, size_t send_bytes, void* recv,
+                                 std::span<const size_t> recv_bytes, uint32_t tag) {
+  SPARSYNC_RETURN_IF_ERROR(Guard("allgatherv"));
+  if (recv_bytes.size() != static_cast<size_t>(size_) || recv_bytes[rank_] != send_bytes) {
+    return Internal("allgatherv: receive sizes do not match the node count or the send size");
+  }
+  if (size_ == 1) {
+    if (send_bytes) std::memcpy(recv, send, send_bytes);
+    return Status::Ok();
+  }
+  try {
+    gloo::AllgathervOptions opts(context_);
+    opts.setTag(tag);
+    // Gloo's allgatherv takes a non-const input pointer but only reads it.
+    opts.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), send_bytes);
+    opts.setOutput(static_cast<uint8_t*>(recv),
+                   std::vector<size_t>(recv_bytes.begin(), recv_bytes.end()));
+    gloo::allgatherv(opts);
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    Abort(Unavailable(std::string("Gloo allgatherv failed: ") + e.what()));
+    return Guard("after failure");
+  }
+}
+
+Status GlooTransport::Broadcast(void* data, size_t bytes, int root, uint32_t tag) {
+  SPARSYNC_RETURN_IF_ERROR(Guard("broadcast"));
+  if (bytes == 0 || size_ == 1) return Status::Ok();
+  try {
+    gloo::BroadcastOptions opts(context_);
+    opts.setTag(tag);
+    opts.setRoot(root);
+    opts.setOutput(static_cast<uint8_t*>(data), bytes);
+    gloo::broadcast(opts);
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    Abort(Unavailable(std::string("Gloo broadcast failed: ") + e.what()));
+    return Guard("after failure");
+  }
+}
+
+}  // namespace sparsync::transport

@@ -1,0 +1,50 @@
+// Transport: moves bytes between the nodes of a job (one participant per node). Knows nothing of
+// tensors, sparsity or protobuf (STYLE.md §3).
+//
+// Contract: every node calls the same collectives in the same order with the same tags (the
+// schedule guarantees it); each call blocks until its result is in place or fails with a Status
+// (never throws, never hangs past the transport's timeout). Calls from one thread at a time.
+// Results are bit-identical on every node.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+#include <chrono>
+
+#include "daemon/common/status.h"
+
+namespace sparsync::transport {
+
+enum class ElementType { kFloat32, kFloat64, kInt32, kInt64 };
+size_t ElementSize(ElementType type);
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place: data[i] = sum over nodes of data[i].
+  virtual Status AllReduceSum(void* data, size_t count, ElementType type, uint32_t tag) = 0;
+  // recv = concatenation of every node's send, in node order; recv_bytes[n] is node n's size.
+  // REQUIRES: recv_bytes.size() == size(), recv_bytes[rank()] == send_bytes.
+  virtual Status AllGatherV(const void* send, size_t send_bytes, void* recv,
+                            std::span<const size_t> recv_bytes, uint32_t tag) = 0;
+  // In place: every node's data becomes node `root`'s.
+  virtual Status Broadcast(void* data, size_t bytes, int root, uint32_t tag) = 0;
+  // Fails every later call with `reason`; idempotent.
+  virtual void Abort(const Status& reason) = 0;
+};
+
+// The rendezvous key-value store a backend bootstraps through (served by the coordinator).
+class RendezvousStore {
+ public:
+  virtual ~RendezvousStore() = default;
+  virtual Status Set(const std::string& key, const std::string& value) = 0;
+  virtual Result<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               std::chrono::milliseconds timeout) = 0;
+};
+
+}  // namespace sparsync::transport

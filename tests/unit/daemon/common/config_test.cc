@@ -1,0 +1,100 @@
+#include "daemon/common/config.h"
+
+#include <gtest/gtest.h>
+
+namespace sparsync {
+namespace {
+
+ParsedConfig Parse(std::vector<const char*> args, std::map<std::string, std::string> env = {}) {
+  args.insert(args.begin(), "sparsyncd");
+  return ParseConfig(static_cast<int>(args.size()), args.data(), env);
+}
+
+TEST(ConfigTest, DefaultsWithoutFlagsOrEnvironment) {
+  ParsedConfig p = Parse({}, {{"XDG_RUNTIME_DIR", "/run/user/7"}});
+  ASSERT_FALSE(p.exit) << p.message;
+  EXPECT_EQ(p.config.node_rank, 0);
+  EXPECT_EQ(p.config.num_nodes, 1);
+  EXPECT_EQ(p.config.local_size, 1);
+  EXPECT_EQ(p.config.merge.bucket_bytes, 64ull << 20);
+  EXPECT_EQ(p.config.timeout_s, 300);
+  EXPECT_EQ(p.config.stall_warn_s, 60);
+  EXPECT_EQ(p.config.socket_path, "/run/user/7/sparsync/sparsyncd.sock");
+}
+
+TEST(ConfigTest, EnvironmentOverridesDefaultsAndFlagsOverrideEnvironment) {
+  std::map<std::string, std::string> env = {{"SPARSYNC_NUM_NODES", "4"},
+                                            {"SPARSYNC_NODE_RANK", "2"},
+                                            {"SPARSYNC_TIMEOUT_S", "12.5"},
+                                            {"SPARSYNC_MERGE", "fixed:1MiB"}};
+  ParsedConfig p = Parse({"--node-rank", "3"}, env);
+  ASSERT_FALSE(p.exit) << p.message;
+  EXPECT_EQ(p.config.num_nodes, 4);
+  EXPECT_EQ(p.config.node_rank, 3);
+  EXPECT_DOUBLE_EQ(p.config.timeout_s, 12.5);
+  EXPECT_EQ(p.config.merge.bucket_bytes, 1ull << 20);
+}
+
+TEST(ConfigTest, MergeAcceptsPlainBytesAndSuffixes) {
+  EXPECT_EQ(Parse({"--merge", "fixed:4096"}).config.merge.bucket_bytes, 4096u);
+  EXPECT_EQ(Parse({"--merge", "fixed:512KiB"}).config.merge.bucket_bytes, 512u << 10);
+  EXPECT_EQ(Parse({"--merge", "fixed:2GiB"}).config.merge.bucket_bytes, 2ull << 30);
+}
+
+struct BadValue {
+  std::string env;
+  std::string value;
+  std::string must_mention;
+};
+
+class ConfigRejectsTest : public ::testing::TestWithParam<BadValue> {};
+
+TEST_P(ConfigRejectsTest, NamesTheVariableAndTheAcceptedValues) {
+  const BadValue& bad = GetParam();
+  ParsedConfig p = Parse({}, {{bad.env, bad.value}});
+  ASSERT_TRUE(p.exit);
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_NE(p.message.find(bad.env), std::string::npos) << p.message;
+  EXPECT_NE(p.message.find(bad.must_mention), std::string::npos) << p.message;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Values, ConfigRejectsTest,
+    ::testing::Values(BadValue{"SPARSYNC_COMPRESSOR", "zip", "accepted values: none"},
+                      BadValue{"SPARSYNC_MERGE", "fixed:-3", "fixed:BYTES"},
+                      BadValue{"SPARSYNC_MERGE", "bogus", "fixed:BYTES"},
+                      BadValue{"SPARSYNC_NUM_NODES", "0", "[1, 65536]"},
+                      BadValue{"SPARSYNC_NODE_RANK", "two", "integer"},
+                      BadValue{"SPARSYNC_TIMEOUT_S", "-1", "positive"},
+                      BadValue{"SPARSYNC_TRANSPORT", "mpi", "auto, gloo"},
+                      BadValue{"SPARSYNC_LOG_LEVEL", "loud", "trace, debug"},
+                      BadValue{"SPARSYNC_COORDINATOR", "nohost", "host:port"}));
+
+TEST(ConfigTest, NodeRankMustBeBelowNodeCount) {
+  ParsedConfig p = Parse({"--num-nodes", "2", "--node-rank", "2"});
+  ASSERT_TRUE(p.exit);
+  EXPECT_NE(p.message.find("SPARSYNC_NODE_RANK"), std::string::npos);
+  EXPECT_NE(p.message.find("SPARSYNC_NUM_NODES"), std::string::npos);
+}
+
+TEST(ConfigTest, HelpListsEveryVariableWithItsDefault) {
+  ParsedConfig p = Parse({"--help"});
+  ASSERT_TRUE(p.exit);
+  EXPECT_EQ(p.exit_code, 0);
+  for (const char* var : {"SPARSYNC_NODE_RANK", "SPARSYNC_NUM_NODES", "SPARSYNC_COORDINATOR",
+                          "SPARSYNC_LISTEN", "SPARSYNC_SOCKET", "SPARSYNC_COMPRESSOR",
+                          "SPARSYNC_MERGE", "SPARSYNC_TIMEOUT_S", "SPARSYNC_STALL_WARN_S",
+                          "SPARSYNC_JOB_TOKEN", "SPARSYNC_LOG_LEVEL", "SPARSYNC_LOCAL_SIZE"}) {
+    EXPECT_NE(p.message.find(var), std::string::npos) << var;
+  }
+  EXPECT_NE(p.message.find("default fixed:64MiB"), std::string::npos);
+}
+
+TEST(ConfigTest, UnknownFlagIsAnError) {
+  ParsedConfig p = Parse({"--no-such-flag"});
+  ASSERT_TRUE(p.exit);
+  EXPECT_EQ(p.exit_code, 2);
+}
+
+}  // namespace
+}  // namespace sparsync
