@@ -79,18 +79,17 @@ Status Daemon::Start() {
   spdlog::info("Gloo mesh connected");
 
   pipeline::World world{config_.node_rank, config_.num_nodes, config_.local_size};
-  negotiation::NodeAgent* agent = nullptr;  // built after the table, which reports to it
+  // The table reports to the agent, which is built next; neither is used before intake starts.
   table_ = std::make_unique<pipeline::TensorTable>(
       world, config_.job_token,
-      [&agent](pipeline::ReadyNotice n) {
-        agent->Report({std::move(n.meta), n.slot, std::move(n.worker_dim0)});
+      [this](pipeline::ReadyNotice n) {
+        agent_->Report({std::move(n.meta), n.slot, std::move(n.worker_dim0)});
       },
-      [&agent](const Status& error) { agent->Fail(error); });
+      [this](const Status& error) { agent_->Fail(error); });
   agent_ = std::make_unique<negotiation::NodeAgent>(
       link_, config_.node_rank, /*direct=*/core_ != nullptr,
       [this](const std::string& name, uint32_t slot) { table_->BindSlot(name, slot); },
       LivenessWindow(config_));
-  agent = agent_.get();
   executor_ = std::make_unique<pipeline::Executor>(
       world, table_.get(), transport_.get(),
       [this](std::chrono::milliseconds wait) { return agent_->Next(wait); },

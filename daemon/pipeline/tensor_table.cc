@@ -322,7 +322,11 @@ void TensorTable::FailAll(const Status& error) {
     std::lock_guard lock(mu_);
     bool first = fatal_.ok();
     FailLocked(error, &to_send);
-    if (first) spdlog::error("job failed: {}", fatal_.message());
+    if (first && !to_send.empty()) {
+      spdlog::error("failing {} pending collective(s): {}", to_send.size(), fatal_.message());
+    } else if (first) {
+      spdlog::warn("job failed: {}", fatal_.message());
+    }
   }
   slot_bound_.notify_all();
   for (const auto& [part, st] : to_send) (void)SendDone(part, st);

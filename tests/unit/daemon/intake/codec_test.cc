@@ -1,0 +1,197 @@
+#include "daemon/intake/codec.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace sparsync::intake {
+namespace {
+
+sparsync_register ValidRegister() {
+  sparsync_register r{};
+  FillHeader(&r.header, SPARSYNC_MSG_REGISTER, sizeof(r));
+  r.tensor_id = 7;
+  r.op = SPARSYNC_OP_GRADIENT;
+  r.dtype = SPARSYNC_FLOAT32;
+  r.reduce_op = SPARSYNC_REDUCE_AVERAGE;
+  r.ndim = 2;
+  r.shape[0] = 512;
+  r.shape[1] = 784;
+  std::memcpy(r.name, "fc1.weight", 10);
+  r.name_len = 10;
+  return r;
+}
+
+template <typename T>
+Result<Message> DecodeStruct(const T& msg, int fds = 0) {
+  return Decode(&msg, sizeof(msg), fds);
+}
+
+TEST(CodecTest, DecodesEveryValidMessage) {
+  sparsync_hello hello{};
+  FillHeader(&hello.header, SPARSYNC_MSG_HELLO, sizeof(hello));
+  hello.token_len = 3;
+  ASSERT_TRUE(DecodeStruct(hello).ok());
+
+  auto reg = DecodeStruct(ValidRegister());
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  EXPECT_EQ(std::get<sparsync_register>(*reg).shape[1], 784);
+
+  sparsync_ready ready{};
+  FillHeader(&ready.header, SPARSYNC_MSG_READY, sizeof(ready));
+  ready.round = 1;
+  ASSERT_TRUE(DecodeStruct(ready).ok());
+
+  sparsync_unregister un{};
+  FillHeader(&un.header, SPARSYNC_MSG_UNREGISTER, sizeof(un));
+  ASSERT_TRUE(DecodeStruct(un).ok());
+
+  sparsync_goodbye bye{};
+  FillHeader(&bye.header, SPARSYNC_MSG_GOODBYE, sizeof(bye));
+  ASSERT_TRUE(DecodeStruct(bye).ok());
+}
+
+// One malformed message and a phrase the error must contain.
+struct Malformed {
+  std::string what;
+  std::function<std::vector<char>()> make;
+  std::string phrase;
+  int fds = 0;
+};
+
+template <typename T>
+std::vector<char> Bytes(const T& v) {
+  std::vector<char> b(sizeof(T));
+  std::memcpy(b.data(), &v, sizeof(T));
+  return b;
+}
+
+std::vector<char> RegisterWith(const std::function<void(sparsync_register&)>& edit) {
+  sparsync_register r = ValidRegister();
+  edit(r);
+  return Bytes(r);
+}
+
+std::vector<Malformed> Corpus() {
+  return {
+      {"empty", [] { return std::vector<char>{}; }, "shorter than a header"},
+      {"short", [] { return std::vector<char>(7, 0); }, "shorter than a header"},
+      {"bad magic", [] { return RegisterWith([](auto& r) { r.header.magic = 1; }); }, "magic"},
+      {"old version", [] { return RegisterWith([](auto& r) { r.header.version = 0; }); }, "version"},
+      {"size lies", [] { return RegisterWith([](auto& r) { r.header.size += 4; }); }, "header says"},
+      {"reserved", [] { return RegisterWith([](auto& r) { r.header.reserved = 1; }); }, "reserved"},
+      {"reply type", [] { return RegisterWith([](auto& r) { r.header.type = SPARSYNC_MSG_DONE; }); },
+       "not one a worker may send"},
+      {"unknown type", [] { return RegisterWith([](auto& r) { r.header.type = 99; }); },
+       "not one a worker may send"},
+      {"truncated register",
+       [] {
+         auto b = RegisterWith([](auto&) {});
+         b.resize(100);
+         sparsync_msg_header h;
+         std::memcpy(&h, b.data(), sizeof(h));
+         h.size = 100;
+         std::memcpy(b.data(), &h, sizeof(h));
+         return b;
+       },
+       "expected 296"},
+      {"tensor id too big", [] { return RegisterWith([](auto& r) { r.tensor_id = 1u << 30; }); }, "tensor id"},
+      {"unknown op", [] { return RegisterWith([](auto& r) { r.op = 9; }); }, "unknown op"},
+      {"unknown dtype", [] { return RegisterWith([](auto& r) { r.dtype = 42; }); }, "unknown dtype"},
+      {"unknown reduce", [] { return RegisterWith([](auto& r) { r.reduce_op = 5; }); }, "reduce op"},
+      {"too many dims", [] { return RegisterWith([](auto& r) { r.ndim = 9; }); }, "ndim"},
+      {"empty name", [] { return RegisterWith([](auto& r) { r.name_len = 0; }); }, "name length"},
+      {"long name", [] { return RegisterWith([](auto& r) { r.name_len = 201; }); }, "name length"},
+      {"NUL in name", [] { return RegisterWith([](auto& r) { r.name[3] = '\0'; }); }, "NUL"},
+      {"negative dim", [] { return RegisterWith([](auto& r) { r.shape[1] = -1; }); }, "negative"},
+      {"dims past ndim", [] { return RegisterWith([](auto& r) { r.shape[5] = 3; }); }, "past ndim"},
+      {"overflowing shape",
+       [] {
+         return RegisterWith([](auto& r) {
+           r.ndim = 4;
+           for (int i = 0; i < 4; ++i) r.shape[i] = int64_t{1} << 20;
+         });
+       },
+       "1 TiB"},
+      {"int average", [] { return RegisterWith([](auto& r) { r.op = SPARSYNC_OP_ALLREDUCE; r.dtype = SPARSYNC_INT32; }); },
+       "floating-point"},
+      {"int gradient",
+       [] { return RegisterWith([](auto& r) { r.dtype = SPARSYNC_INT64; r.reduce_op = SPARSYNC_REDUCE_SUM; }); },
+       "floating-point"},
+      {"uint8 reduce",
+       [] { return RegisterWith([](auto& r) { r.op = SPARSYNC_OP_ALLREDUCE; r.dtype = SPARSYNC_UINT8; }); },
+       "uint8"},
+      {"scalar allgather",
+       [] { return RegisterWith([](auto& r) { r.op = SPARSYNC_OP_ALLGATHER; r.ndim = 0; r.shape[0] = r.shape[1] = 0; }); },
+       "at least one dimension"},
+      {"negative root",
+       [] { return RegisterWith([](auto& r) { r.op = SPARSYNC_OP_BROADCAST; r.root_rank = -2; }); },
+       "root"},
+      {"fds attached", [] { return RegisterWith([](auto&) {}); }, "file descriptors", 1},
+      {"ready round 0",
+       [] {
+         sparsync_ready m{};
+         FillHeader(&m.header, SPARSYNC_MSG_READY, sizeof(m));
+         return Bytes(m);
+       },
+       "round 0"},
+      {"long token",
+       [] {
+         sparsync_hello m{};
+         FillHeader(&m.header, SPARSYNC_MSG_HELLO, sizeof(m));
+         m.token_len = 65;
+         return Bytes(m);
+       },
+       "token"},
+  };
+}
+
+TEST(CodecTest, RejectsEveryMalformedMessageWithAReason) {
+  for (const Malformed& m : Corpus()) {
+    std::vector<char> bytes = m.make();
+    auto decoded = Decode(bytes.data(), bytes.size(), m.fds);
+    ASSERT_FALSE(decoded.ok()) << m.what;
+    EXPECT_NE(decoded.status().message().find(m.phrase), std::string::npos)
+        << m.what << ": " << decoded.status().message();
+  }
+}
+
+// Random mutations of valid messages: Decode must never crash or read out of bounds (run under
+// AddressSanitizer with -DSPARSYNC_SANITIZE=ON), and whatever it accepts satisfies the invariants
+// the rest of the daemon relies on.
+TEST(CodecTest, FuzzedMessagesNeverBreakTheInvariants) {
+  std::mt19937_64 rng(1234);
+  std::vector<std::vector<char>> seeds = {Bytes(ValidRegister())};
+  sparsync_ready ready{};
+  FillHeader(&ready.header, SPARSYNC_MSG_READY, sizeof(ready));
+  ready.round = 3;
+  seeds.push_back(Bytes(ready));
+  int accepted = 0;
+  for (int iter = 0; iter < 200000; ++iter) {
+    std::vector<char> b = seeds[iter % seeds.size()];
+    int flips = 1 + static_cast<int>(rng() % 4);
+    for (int f = 0; f < flips; ++f) b[rng() % b.size()] = static_cast<char>(rng());
+    if (rng() % 8 == 0) b.resize(rng() % (b.size() + 1));
+    auto decoded = Decode(b.data(), b.size(), 0);
+    if (!decoded.ok()) continue;
+    ++accepted;
+    if (auto* r = std::get_if<sparsync_register>(&*decoded)) {
+      ASSERT_LE(r->ndim, SPARSYNC_MAX_DIMS);
+      ASSERT_GE(r->name_len, 1u);
+      ASSERT_LE(r->name_len, SPARSYNC_MAX_NAME_BYTES);
+      ASSERT_LT(r->dtype, SPARSYNC_DTYPE_COUNT);
+      ASSERT_LT(r->op, SPARSYNC_OP_COUNT);
+      for (uint32_t i = 0; i < r->ndim; ++i) ASSERT_GE(r->shape[i], 0);
+    }
+    if (auto* rd = std::get_if<sparsync_ready>(&*decoded)) ASSERT_GT(rd->round, 0u);
+  }
+  // Mutations that only touch payload fields are still valid messages.
+  EXPECT_GT(accepted, 0);
+}
+
+}  // namespace
+}  // namespace sparsync::intake

@@ -1,0 +1,224 @@
+#include "daemon/negotiation/coordinator_state.h"
+
+#include <gtest/gtest.h>
+
+#include "proto/intake/wire.h"
+
+namespace sparsync::negotiation {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+TensorMeta Grad(const std::string& name, std::vector<int64_t> shape,
+                uint32_t dtype = SPARSYNC_FLOAT32) {
+  TensorMeta m;
+  m.name = name;
+  m.op = SPARSYNC_OP_GRADIENT;
+  m.dtype = dtype;
+  m.shape = std::move(shape);
+  return m;
+}
+
+ReportedReady New(uint32_t index) {
+  ReportedReady r;
+  r.new_index = index;
+  return r;
+}
+ReportedReady Slot(uint32_t slot) {
+  ReportedReady r;
+  r.slot = slot;
+  return r;
+}
+
+class CoordinatorStateTest : public ::testing::Test {
+ protected:
+  CoordinatorState Make(int nodes, uint64_t bucket = 1 << 20, milliseconds cycle = milliseconds(0)) {
+    CoordinatorOptions o;
+    o.num_nodes = nodes;
+    o.bucket_bytes = bucket;
+    o.cycle = cycle;
+    o.stall_warn = seconds(5);
+    o.timeout = seconds(20);
+    o.node_liveness = seconds(10);
+    return CoordinatorState(o);
+  }
+  Clock::time_point t0 = Clock::now();
+};
+
+TEST_F(CoordinatorStateTest, ScheduleWaitsForEveryNode) {
+  CoordinatorState s = Make(3);
+  auto slots = s.Report(0, {Grad("w", {4})}, {New(0)}, t0);
+  ASSERT_TRUE(slots.ok());
+  ASSERT_EQ(slots->size(), 1u);
+  EXPECT_TRUE(s.EntriesAfter(0).empty());
+  ASSERT_TRUE(s.Report(2, {Grad("w", {4})}, {New(0)}, t0).ok());
+  EXPECT_TRUE(s.EntriesAfter(0).empty());
+  auto last = s.Report(1, {Grad("w", {4})}, {New(0)}, t0);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->front(), slots->front()) << "same signature, same slot on every node";
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].seq, 1u);
+  ASSERT_EQ(entries[0].group.size(), 1u);
+  EXPECT_EQ(entries[0].group[0].slot, slots->front());
+}
+
+TEST_F(CoordinatorStateTest, SteadyStateReportsOnlySlots) {
+  CoordinatorState s = Make(2);
+  uint32_t slot = s.Report(0, {Grad("w", {4})}, {New(0)}, t0)->front();
+  ASSERT_TRUE(s.Report(1, {Grad("w", {4})}, {New(0)}, t0).ok());
+  // Second round: no metadata at all.
+  ASSERT_TRUE(s.Report(0, {}, {Slot(slot)}, t0).ok());
+  ASSERT_TRUE(s.Report(1, {}, {Slot(slot)}, t0).ok());
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[1].group[0].slot, slot);
+  EXPECT_EQ(entries[1].seq, 2u);
+}
+
+TEST_F(CoordinatorStateTest, RejectsMalformedReportsWithoutChangingState) {
+  CoordinatorState s = Make(2);
+  EXPECT_FALSE(s.Report(0, {}, {Slot(42)}, t0).ok());
+  EXPECT_FALSE(s.Report(0, {}, {New(0)}, t0).ok());
+  EXPECT_FALSE(s.Report(5, {}, {}, t0).ok());
+  ReportedReady both;
+  both.slot = 1;
+  both.new_index = 0;
+  EXPECT_FALSE(s.Report(0, {Grad("w", {1})}, {both}, t0).ok());
+  EXPECT_FALSE(s.failed());
+}
+
+TEST_F(CoordinatorStateTest, GradientsWithinACycleAreFusedExplicitOpsAreNot) {
+  CoordinatorState s = Make(1, /*bucket=*/100, milliseconds(5));
+  // 3 gradients of 40 bytes become ready within one cycle: buckets of 2 + 1.
+  ASSERT_TRUE(s.Report(0, {Grad("a", {10}), Grad("b", {10}), Grad("c", {10})},
+                       {New(0), New(1), New(2)}, t0)
+                  .ok());
+  EXPECT_TRUE(s.EntriesAfter(0).empty()) << "held for the cycle";
+  s.Tick(t0 + milliseconds(6));
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0].group.size(), 2u);
+  EXPECT_EQ(entries[1].group.size(), 1u);
+  // An explicit allreduce is scheduled at once.
+  TensorMeta ar = Grad("x", {3});
+  ar.op = SPARSYNC_OP_ALLREDUCE;
+  ASSERT_TRUE(s.Report(0, {ar}, {New(0)}, t0 + milliseconds(7)).ok());
+  EXPECT_EQ(s.EntriesAfter(0).size(), 3u);
+}
+
+TEST_F(CoordinatorStateTest, DtypesAreNeverFusedTogether) {
+  CoordinatorState s = Make(1, 1 << 20, milliseconds(5));
+  ASSERT_TRUE(s.Report(0, {Grad("a", {10}), Grad("b", {10}, SPARSYNC_FLOAT64), Grad("c", {10})},
+                       {New(0), New(1), New(2)}, t0)
+                  .ok());
+  s.Tick(t0 + milliseconds(5));
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 3u);
+}
+
+TEST_F(CoordinatorStateTest, ShapeMismatchFailsEveryNodeNamingTensorValuesAndNodes) {
+  CoordinatorState s = Make(3);
+  ASSERT_TRUE(s.Report(0, {Grad("fc1.weight", {512, 784})}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.Report(1, {Grad("fc1.weight", {512, 784})}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.Report(2, {Grad("fc1.weight", {512, 780})}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.failed());
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 1u);
+  const std::string& msg = entries[0].fatal.message();
+  EXPECT_EQ(entries[0].fatal.code(), StatusCode::kMismatch);
+  EXPECT_NE(msg.find("fc1.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[512,784]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[512,780]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("node(s) 0,1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("node 2"), std::string::npos) << msg;
+  // Sticky: later reports are refused with the same error.
+  auto later = s.Report(0, {}, {}, t0);
+  EXPECT_EQ(later.status().code(), StatusCode::kAborted);
+}
+
+TEST_F(CoordinatorStateTest, DtypeMismatchIsNamedToo) {
+  CoordinatorState s = Make(2);
+  ASSERT_TRUE(s.Report(0, {Grad("b", {3})}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.Report(1, {Grad("b", {3}, SPARSYNC_FLOAT16)}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.failed());
+  EXPECT_NE(s.fatal().message().find("float16"), std::string::npos);
+}
+
+TEST_F(CoordinatorStateTest, AllgatherMayDifferInTheFirstDimension) {
+  CoordinatorState s = Make(2);
+  TensorMeta a = Grad("g", {3, 2});
+  a.op = SPARSYNC_OP_ALLGATHER;
+  TensorMeta b = a;
+  b.shape = {5, 2};
+  ReportedReady ra = New(0);
+  ra.worker_dim0 = {3};
+  ReportedReady rb = New(0);
+  rb.worker_dim0 = {5};
+  ASSERT_TRUE(s.Report(0, {a}, {ra}, t0).ok());
+  ASSERT_TRUE(s.Report(1, {b}, {rb}, t0).ok());
+  ASSERT_FALSE(s.failed()) << s.fatal().message();
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].group[0].worker_dim0, (std::vector<int64_t>{3, 5}));
+}
+
+TEST_F(CoordinatorStateTest, StallWarnsThenTimesOutNamingTheMissingNodes) {
+  CoordinatorState s = Make(3);
+  ASSERT_TRUE(s.Report(0, {Grad("w", {1})}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.Report(2, {Grad("w", {1})}, {New(0)}, t0).ok());
+  EXPECT_TRUE(s.Tick(t0 + seconds(4)).empty());
+  auto warnings = s.Tick(t0 + seconds(6));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("node(s) 1 have not posted"), std::string::npos) << warnings[0];
+  EXPECT_TRUE(s.Tick(t0 + seconds(7)).empty()) << "warned once";
+  ASSERT_EQ(*s.NextDeadline(), t0 + seconds(20));
+  s.Tick(t0 + seconds(21));
+  ASSERT_TRUE(s.failed());
+  EXPECT_EQ(s.fatal().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(s.fatal().message().find("not on node(s) 1"), std::string::npos);
+}
+
+TEST_F(CoordinatorStateTest, SilentNodeFailsTheJob) {
+  CoordinatorState s = Make(2);
+  s.Polled(1, 0, t0);
+  s.Tick(t0 + seconds(5));
+  EXPECT_FALSE(s.failed());
+  s.Tick(t0 + seconds(11));
+  ASSERT_TRUE(s.failed());
+  EXPECT_NE(s.fatal().message().find("node 1"), std::string::npos);
+}
+
+TEST_F(CoordinatorStateTest, LeavingNodeFailsTheJob) {
+  CoordinatorState s = Make(2);
+  s.Leave(1);
+  ASSERT_TRUE(s.failed());
+  EXPECT_NE(s.fatal().message().find("node 1"), std::string::npos);
+}
+
+TEST_F(CoordinatorStateTest, EntriesEveryNodeReceivedAreTrimmed) {
+  CoordinatorState s = Make(2);
+  uint32_t slot = s.Report(0, {Grad("w", {1})}, {New(0)}, t0)->front();
+  ASSERT_TRUE(s.Report(1, {Grad("w", {1})}, {New(0)}, t0).ok());
+  for (int round = 0; round < 10; ++round) {
+    ASSERT_TRUE(s.Report(0, {}, {Slot(slot)}, t0).ok());
+    ASSERT_TRUE(s.Report(1, {}, {Slot(slot)}, t0).ok());
+  }
+  EXPECT_EQ(s.retained_entries(), 11u);
+  s.Polled(0, 11, t0);
+  EXPECT_EQ(s.retained_entries(), 11u) << "node 1 has not received them yet";
+  s.Polled(1, 8, t0);
+  EXPECT_EQ(s.retained_entries(), 3u);
+  EXPECT_EQ(s.EntriesAfter(8).size(), 3u);
+}
+
+TEST_F(CoordinatorStateTest, ReportingTwiceInOneRoundIsAnError) {
+  CoordinatorState s = Make(2);
+  uint32_t slot = s.Report(0, {Grad("w", {1})}, {New(0)}, t0)->front();
+  ASSERT_TRUE(s.Report(0, {}, {Slot(slot)}, t0).ok());
+  EXPECT_TRUE(s.failed());
+}
+
+}  // namespace
+}  // namespace sparsync::negotiation

@@ -1,0 +1,69 @@
+#include "daemon/pipeline/dense_math.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "proto/intake/wire.h"
+
+namespace sparsync::pipeline {
+namespace {
+
+TEST(DenseMathTest, HalfRoundTripsEveryFiniteValue) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    float f = HalfToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(FloatToHalf(f), h) << std::hex << h;
+  }
+  EXPECT_EQ(HalfToFloat(0x3c00), 1.0f);
+  EXPECT_EQ(FloatToHalf(65504.f), 0x7bff);
+  EXPECT_EQ(FloatToHalf(1e6f), 0x7c00) << "overflow is infinity";
+}
+
+TEST(DenseMathTest, BFloat16RoundsToNearestEven) {
+  EXPECT_EQ(FloatToBFloat16(1.0f), 0x3f80);
+  EXPECT_EQ(BFloat16ToFloat(0x3f80), 1.0f);
+  // 1 + 2^-8 is exactly between two bfloat16 values: ties go to the even one (1.0).
+  EXPECT_EQ(FloatToBFloat16(1.0f + 1.0f / 256), 0x3f80);
+  EXPECT_EQ(FloatToBFloat16(1.0f + 3.0f / 256), 0x3f82);
+  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+TEST(DenseMathTest, SumAndAverageOfHalfAccumulateInFloat) {
+  // 2048 + 1 is not representable in float16; accumulating in float32 keeps it until the end.
+  uint16_t a[2] = {FloatToHalf(2048.f), FloatToHalf(1.f)};
+  uint16_t b[2] = {FloatToHalf(1.f), FloatToHalf(1.f)};
+  uint16_t c[2] = {FloatToHalf(1.f), FloatToHalf(1.f)};
+  const void* inputs[] = {a, b, c};
+  float acc[2];
+  SumInto(acc, inputs, 2, SPARSYNC_FLOAT16);
+  EXPECT_EQ(acc[0], 2050.f);
+  uint16_t out[2];
+  WriteBack(acc, 2, 2.0, out, SPARSYNC_FLOAT16);
+  EXPECT_EQ(HalfToFloat(out[0]), 1025.f);
+  EXPECT_EQ(HalfToFloat(out[1]), 1.5f);
+}
+
+TEST(DenseMathTest, IntegersAreSummedExactly) {
+  int64_t a[1] = {int64_t{1} << 60};
+  int64_t b[1] = {5};
+  const void* inputs[] = {a, b};
+  int64_t acc[1];
+  SumInto(acc, inputs, 1, SPARSYNC_INT64);
+  int64_t out[1];
+  WriteBack(acc, 1, 1.0, out, SPARSYNC_INT64);
+  EXPECT_EQ(out[0], (int64_t{1} << 60) + 5);
+}
+
+TEST(DenseMathTest, InPlaceAndStagedAveragesAgreeBitForBit) {
+  float x[3] = {1.f, 2.f / 3.f, -7.25f};
+  float staged[3];
+  WriteBack(x, 3, 3.0, staged, SPARSYNC_FLOAT32);
+  DivideInPlace(x, 3, 3.0, SPARSYNC_FLOAT32);
+  EXPECT_EQ(0, std::memcmp(x, staged, sizeof(x)));
+}
+
+}  // namespace
+}  // namespace sparsync::pipeline
