@@ -104,7 +104,7 @@ Status Daemon::Start() {
 void Daemon::Stop() {
   if (stopped_) return;
   stopped_ = true;
-  if (table_) table_->FailAll(Aborted("the daemon of node " + std::to_string(config_.node_rank) +
+  if (table_) table_->Shutdown(Aborted("the daemon of node " + std::to_string(config_.node_rank) +
                                       " is shutting down"));
   if (intake_) intake_->Stop();
   if (agent_ && transport_) agent_->Leave();

@@ -17,7 +17,7 @@ Result<Message> Exact(const void* data, size_t size, const char* what) {
   return Message(msg);
 }
 
-Status ValidateRegister(const sparsync_register& r) {
+Status ValidateRegister(const sparsync_register_msg& r) {
   if (r.tensor_id >= SPARSYNC_MAX_TENSORS_PER_WORKER) {
     return InvalidArgument("tensor id " + std::to_string(r.tensor_id) + " is not below " +
                            std::to_string(SPARSYNC_MAX_TENSORS_PER_WORKER));
@@ -116,9 +116,9 @@ Result<Message> Decode(const void* data, size_t size, int num_fds) {
       return m;
     }
     case SPARSYNC_MSG_REGISTER: {
-      auto m = Exact<sparsync_register>(data, size, "REGISTER");
+      auto m = Exact<sparsync_register_msg>(data, size, "REGISTER");
       if (!m.ok()) return m;
-      SPARSYNC_RETURN_IF_ERROR(ValidateRegister(std::get<sparsync_register>(*m)));
+      SPARSYNC_RETURN_IF_ERROR(ValidateRegister(std::get<sparsync_register_msg>(*m)));
       return m;
     }
     case SPARSYNC_MSG_READY: {
@@ -128,7 +128,7 @@ Result<Message> Decode(const void* data, size_t size, int num_fds) {
       }
       return m;
     }
-    case SPARSYNC_MSG_UNREGISTER: return Exact<sparsync_unregister>(data, size, "UNREGISTER");
+    case SPARSYNC_MSG_UNREGISTER: return Exact<sparsync_unregister_msg>(data, size, "UNREGISTER");
     case SPARSYNC_MSG_GOODBYE: return Exact<sparsync_goodbye>(data, size, "GOODBYE");
     default:
       return InvalidArgument("message type " + std::to_string(h.type) +

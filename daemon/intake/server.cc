@@ -232,7 +232,7 @@ void IntakeServer::HandleReadable(int fd) {
     }
     return;
   }
-  if (auto* reg = std::get_if<sparsync_register>(&m)) {
+  if (auto* reg = std::get_if<sparsync_register_msg>(&m)) {
     sparsync_register_reply reply{};
     FillHeader(&reply.header, SPARSYNC_MSG_REGISTER_REPLY, sizeof(reply));
     reply.tensor_id = reg->tensor_id;
@@ -248,7 +248,7 @@ void IntakeServer::HandleReadable(int fd) {
     if (!st.ok()) Close(fd, st.WithContext("protocol violation"));
     return;
   }
-  if (auto* unreg = std::get_if<sparsync_unregister>(&m)) {
+  if (auto* unreg = std::get_if<sparsync_unregister_msg>(&m)) {
     Status st = handler_->OnUnregister(session, *unreg);
     if (!st.ok()) Close(fd, st.WithContext("protocol violation"));
     return;

@@ -25,12 +25,12 @@ class IntakeHandler {
                        sparsync_hello_reply* reply) = 0;
   // Fills `reply`; on OK also `region`, whose fd is sent with the reply.
   virtual void OnRegister(const std::shared_ptr<WorkerSession>& session,
-                          const sparsync_register& msg, sparsync_register_reply* reply,
+                          const sparsync_register_msg& msg, sparsync_register_reply* reply,
                           std::shared_ptr<SharedRegion>* region) = 0;
   // Non-OK: a protocol violation; the connection is closed with that reason.
   virtual Status OnReady(const std::shared_ptr<WorkerSession>& session, const sparsync_ready& msg) = 0;
   virtual Status OnUnregister(const std::shared_ptr<WorkerSession>& session,
-                              const sparsync_unregister& msg) = 0;
+                              const sparsync_unregister_msg& msg) = 0;
   // The connection is gone: `reason` is OK after GOODBYE, else why it closed.
   virtual void OnDisconnect(const std::shared_ptr<WorkerSession>& session, const Status& reason) = 0;
 };

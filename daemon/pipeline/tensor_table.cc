@@ -12,7 +12,7 @@ using negotiation::TensorMeta;
 
 namespace {
 
-TensorMeta MetaOf(const sparsync_register& r) {
+TensorMeta MetaOf(const sparsync_register_msg& r) {
   TensorMeta m;
   m.name.assign(r.name, r.name_len);
   m.op = r.op;
@@ -100,7 +100,7 @@ Status TensorTable::CheckCompatible(const Tensor& t, const TensorMeta& meta, int
 }
 
 void TensorTable::OnRegister(const std::shared_ptr<intake::WorkerSession>& session,
-                             const sparsync_register& msg, sparsync_register_reply* reply,
+                             const sparsync_register_msg& msg, sparsync_register_reply* reply,
                              std::shared_ptr<intake::SharedRegion>* region) {
   auto refuse = [&](const Status& st) {
     reply->status = intake::WireStatus(st);
@@ -189,7 +189,7 @@ Status TensorTable::OnReady(const std::shared_ptr<intake::WorkerSession>& sessio
 }
 
 Status TensorTable::OnUnregister(const std::shared_ptr<intake::WorkerSession>& session,
-                                 const sparsync_unregister& msg) {
+                                 const sparsync_unregister_msg& msg) {
   std::lock_guard lock(mu_);
   auto id = session->tensors.find(msg.tensor_id);
   if (id == session->tensors.end()) {
@@ -316,7 +316,11 @@ void TensorTable::FailLocked(const Status& error,
   }
 }
 
-void TensorTable::FailAll(const Status& error) {
+void TensorTable::FailAll(const Status& error) { Fail(error, /*shutting_down=*/false); }
+
+void TensorTable::Shutdown(const Status& reason) { Fail(reason, /*shutting_down=*/true); }
+
+void TensorTable::Fail(const Status& error, bool shutting_down) {
   std::vector<std::pair<WorkerPart, Status>> to_send;
   {
     std::lock_guard lock(mu_);
@@ -324,7 +328,7 @@ void TensorTable::FailAll(const Status& error) {
     FailLocked(error, &to_send);
     if (first && !to_send.empty()) {
       spdlog::error("failing {} pending collective(s): {}", to_send.size(), fatal_.message());
-    } else if (first) {
+    } else if (first && !shutting_down) {
       spdlog::warn("job failed: {}", fatal_.message());
     }
   }

@@ -62,12 +62,12 @@ class TensorTable : public intake::IntakeHandler {
   void OnHello(const std::shared_ptr<intake::WorkerSession>& session, const sparsync_hello& hello,
                sparsync_hello_reply* reply) override;
   void OnRegister(const std::shared_ptr<intake::WorkerSession>& session,
-                  const sparsync_register& msg, sparsync_register_reply* reply,
+                  const sparsync_register_msg& msg, sparsync_register_reply* reply,
                   std::shared_ptr<intake::SharedRegion>* region) override;
   Status OnReady(const std::shared_ptr<intake::WorkerSession>& session,
                  const sparsync_ready& msg) override;
   Status OnUnregister(const std::shared_ptr<intake::WorkerSession>& session,
-                      const sparsync_unregister& msg) override;
+                      const sparsync_unregister_msg& msg) override;
   void OnDisconnect(const std::shared_ptr<intake::WorkerSession>& session,
                     const Status& reason) override;
 
@@ -83,6 +83,8 @@ class TensorTable : public intake::IntakeHandler {
   // Fails the job on this node: every posted tensor gets a DONE with `error`, and so will every
   // later READY, HELLO and REGISTER. First error wins.
   void FailAll(const Status& error);
+  // FailAll for a daemon that is stopping: logs only if collectives were still pending.
+  void Shutdown(const Status& reason);
   Status fatal() const;
 
  private:
@@ -98,6 +100,7 @@ class TensorTable : public intake::IntakeHandler {
 
   Status CheckCompatible(const Tensor& t, const negotiation::TensorMeta& meta, int local_rank) const;
   void FailLocked(const Status& error, std::vector<std::pair<WorkerPart, Status>>* to_send);
+  void Fail(const Status& error, bool shutting_down);
 
   const World world_;
   const std::string job_token_;

@@ -117,7 +117,7 @@ typedef struct sparsync_hello_reply {
   char message[SPARSYNC_MAX_ERROR_BYTES]; /* NUL-terminated reason when status != OK */
 } sparsync_hello_reply;
 
-typedef struct sparsync_register {
+typedef struct sparsync_register_msg {
   sparsync_msg_header header;
   uint32_t tensor_id; /* chosen by the worker, < SPARSYNC_MAX_TENSORS_PER_WORKER, unused */
   uint8_t op;         /* sparsync_op */
@@ -128,7 +128,7 @@ typedef struct sparsync_register {
   uint32_t name_len;  /* 1 .. SPARSYNC_MAX_NAME_BYTES, no NUL inside */
   int64_t shape[SPARSYNC_MAX_DIMS]; /* each >= 0; unused entries 0 */
   char name[SPARSYNC_MAX_NAME_BYTES];
-} sparsync_register;
+} sparsync_register_msg;
 
 typedef struct sparsync_register_reply {
   sparsync_msg_header header;
@@ -156,11 +156,11 @@ typedef struct sparsync_done {
   char message[SPARSYNC_MAX_ERROR_BYTES];
 } sparsync_done;
 
-typedef struct sparsync_unregister {
+typedef struct sparsync_unregister_msg {
   sparsync_msg_header header;
   uint32_t tensor_id;
   uint32_t reserved;
-} sparsync_unregister;
+} sparsync_unregister_msg;
 
 typedef struct sparsync_goodbye {
   sparsync_msg_header header;
@@ -172,11 +172,11 @@ typedef struct sparsync_goodbye {
 static_assert(sizeof(sparsync_msg_header) == 16, "wire layout");
 static_assert(sizeof(sparsync_hello) == 96, "wire layout");
 static_assert(sizeof(sparsync_hello_reply) == 560, "wire layout");
-static_assert(sizeof(sparsync_register) == 296, "wire layout");
+static_assert(sizeof(sparsync_register_msg) == 296, "wire layout");
 static_assert(sizeof(sparsync_register_reply) == 544, "wire layout");
 static_assert(sizeof(sparsync_ready) == 40, "wire layout");
 static_assert(sizeof(sparsync_done) == 560, "wire layout");
-static_assert(sizeof(sparsync_unregister) == 24, "wire layout");
+static_assert(sizeof(sparsync_unregister_msg) == 24, "wire layout");
 static_assert(sizeof(sparsync_goodbye) == 16, "wire layout");
 static_assert(sizeof(sparsync_done) <= SPARSYNC_MAX_MESSAGE_BYTES, "fits one datagram");
 #endif

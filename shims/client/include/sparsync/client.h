@@ -50,9 +50,9 @@ void sparsync_close(sparsync_client* client);
 sparsync_status sparsync_get_world(sparsync_client* client, sparsync_world* out);
 
 /* Registers a tensor and maps its shared buffer. *data points to `*bytes` bytes that stay valid
- * until sparsync_unregister or sparsync_close. */
-sparsync_status sparsync_register(sparsync_client* client, const sparsync_tensor_spec* spec,
-                                  uint32_t* tensor_id, void** data, uint64_t* bytes);
+ * until sparsync_unregister_tensor or sparsync_close.*/
+sparsync_status sparsync_register_tensor(sparsync_client* client, const sparsync_tensor_spec* spec,
+                                         uint32_t* tensor_id, void** data, uint64_t* bytes);
 
 /* The buffer of `tensor_id` holds this worker's input: start the collective (non-blocking). */
 sparsync_status sparsync_post_ready(sparsync_client* client, uint32_t tensor_id);
@@ -67,7 +67,7 @@ sparsync_status sparsync_wait_done(sparsync_client* client, uint32_t tensor_id, 
 sparsync_status sparsync_allgather_result(sparsync_client* client, uint32_t tensor_id,
                                           const void** data, uint64_t* bytes, int64_t* dim0);
 
-sparsync_status sparsync_unregister(sparsync_client* client, uint32_t tensor_id);
+sparsync_status sparsync_unregister_tensor(sparsync_client* client, uint32_t tensor_id);
 
 /* The message of the last failing call on this handle ("" if none). Valid until the next call. */
 const char* sparsync_last_error(sparsync_client* client);

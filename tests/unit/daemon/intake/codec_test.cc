@@ -11,8 +11,8 @@
 namespace sparsync::intake {
 namespace {
 
-sparsync_register ValidRegister() {
-  sparsync_register r{};
+sparsync_register_msg ValidRegister() {
+  sparsync_register_msg r{};
   FillHeader(&r.header, SPARSYNC_MSG_REGISTER, sizeof(r));
   r.tensor_id = 7;
   r.op = SPARSYNC_OP_GRADIENT;
@@ -39,14 +39,14 @@ TEST(CodecTest, DecodesEveryValidMessage) {
 
   auto reg = DecodeStruct(ValidRegister());
   ASSERT_TRUE(reg.ok()) << reg.status().ToString();
-  EXPECT_EQ(std::get<sparsync_register>(*reg).shape[1], 784);
+  EXPECT_EQ(std::get<sparsync_register_msg>(*reg).shape[1], 784);
 
   sparsync_ready ready{};
   FillHeader(&ready.header, SPARSYNC_MSG_READY, sizeof(ready));
   ready.round = 1;
   ASSERT_TRUE(DecodeStruct(ready).ok());
 
-  sparsync_unregister un{};
+  sparsync_unregister_msg un{};
   FillHeader(&un.header, SPARSYNC_MSG_UNREGISTER, sizeof(un));
   ASSERT_TRUE(DecodeStruct(un).ok());
 
@@ -70,8 +70,8 @@ std::vector<char> Bytes(const T& v) {
   return b;
 }
 
-std::vector<char> RegisterWith(const std::function<void(sparsync_register&)>& edit) {
-  sparsync_register r = ValidRegister();
+std::vector<char> RegisterWith(const std::function<void(sparsync_register_msg&)>& edit) {
+  sparsync_register_msg r = ValidRegister();
   edit(r);
   return Bytes(r);
 }
@@ -179,7 +179,7 @@ TEST(CodecTest, FuzzedMessagesNeverBreakTheInvariants) {
     auto decoded = Decode(b.data(), b.size(), 0);
     if (!decoded.ok()) continue;
     ++accepted;
-    if (auto* r = std::get_if<sparsync_register>(&*decoded)) {
+    if (auto* r = std::get_if<sparsync_register_msg>(&*decoded)) {
       ASSERT_LE(r->ndim, SPARSYNC_MAX_DIMS);
       ASSERT_GE(r->name_len, 1u);
       ASSERT_LE(r->name_len, SPARSYNC_MAX_NAME_BYTES);

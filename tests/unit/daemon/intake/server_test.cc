@@ -26,7 +26,7 @@ class RecordingHandler : public IntakeHandler {
     reply->rank = h.local_rank;
     reply->size = 2;
   }
-  void OnRegister(const std::shared_ptr<WorkerSession>&, const sparsync_register&,
+  void OnRegister(const std::shared_ptr<WorkerSession>&, const sparsync_register_msg&,
                   sparsync_register_reply* reply, std::shared_ptr<SharedRegion>* region) override {
     auto r = SharedRegion::Create("test", 64);
     std::memset((*r)->data(), 0x5a, 64);
@@ -40,7 +40,7 @@ class RecordingHandler : public IntakeHandler {
     ++readies;
     return m.tensor_id == 666 ? InvalidArgument("tensor 666 is cursed") : Status::Ok();
   }
-  Status OnUnregister(const std::shared_ptr<WorkerSession>&, const sparsync_unregister&) override {
+  Status OnUnregister(const std::shared_ptr<WorkerSession>&, const sparsync_unregister_msg&) override {
     return Status::Ok();
   }
   void OnDisconnect(const std::shared_ptr<WorkerSession>&, const Status& reason) override {
@@ -91,6 +91,16 @@ class IntakeServerTest : public ::testing::Test {
     if (passed_fd && c && c->cmsg_type == SCM_RIGHTS) std::memcpy(passed_fd, CMSG_DATA(c), sizeof(int));
     return n;
   }
+  // The handler hears of a disconnect just after the peer sees the close: wait for it.
+  void WaitForDisconnects(size_t n) {
+    for (int i = 0; i < 200; ++i) {
+      {
+        std::lock_guard lock(handler_.mu);
+        if (handler_.disconnects.size() >= n) return;
+      }
+      usleep(10000);
+    }
+  }
   bool ClosedByServer(int fd) {
     char buf[16];
     return Recv(fd, buf, sizeof(buf)) == 0;
@@ -121,7 +131,7 @@ TEST_F(IntakeServerTest, RefusesASecondDaemonOnTheSameSocket) {
 TEST_F(IntakeServerTest, RegisterPassesAMappableRegion) {
   int fd = Connect();
   Hello(fd, 0);
-  sparsync_register r{};
+  sparsync_register_msg r{};
   FillHeader(&r.header, SPARSYNC_MSG_REGISTER, sizeof(r));
   r.ndim = 1;
   r.shape[0] = 16;
@@ -187,6 +197,7 @@ TEST_F(IntakeServerTest, MalformedMessagesCloseOnlyTheirConnection) {
   send(good, &bye, sizeof(bye), 0);
   EXPECT_TRUE(ClosedByServer(good));
   close(good);
+  WaitForDisconnects(2);
   std::lock_guard lock(handler_.mu);
   EXPECT_EQ(handler_.readies, 2);
   ASSERT_EQ(handler_.disconnects.size(), 2u);
@@ -198,13 +209,7 @@ TEST_F(IntakeServerTest, DisconnectWithoutGoodbyeIsReported) {
   int fd = Connect();
   Hello(fd, 0);
   close(fd);
-  for (int i = 0; i < 200; ++i) {
-    {
-      std::lock_guard lock(handler_.mu);
-      if (!handler_.disconnects.empty()) break;
-    }
-    usleep(10000);
-  }
+  WaitForDisconnects(1);
   std::lock_guard lock(handler_.mu);
   ASSERT_EQ(handler_.disconnects.size(), 1u);
   EXPECT_NE(handler_.disconnects[0].message().find("without saying goodbye"), std::string::npos);
