@@ -10,7 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev pybind11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-venv python3-pip python3-numpy python3-pytest python3-torch
+  python3 python3-venv python3-pip python3-numpy python3-pytest python3-torch python3-torchvision
   dataset-fashion-mnist
 )
 

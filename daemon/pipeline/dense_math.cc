@@ -2,39 +2,15 @@
 
 #include <cstring>
 
+#include "kernels/dtype.h"
 #include "proto/intake/wire.h"
 
 namespace sparsync::pipeline {
 
-float HalfToFloat(uint16_t h) {
-  _Float16 v;
-  std::memcpy(&v, &h, sizeof(v));
-  return static_cast<float>(v);
-}
-
-uint16_t FloatToHalf(float f) {
-  _Float16 v = static_cast<_Float16>(f);  // round to nearest even
-  uint16_t h;
-  std::memcpy(&h, &v, sizeof(h));
-  return h;
-}
-
-float BFloat16ToFloat(uint16_t b) {
-  uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-uint16_t FloatToBFloat16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu)) {
-    return static_cast<uint16_t>((bits >> 16) | 0x40);  // keep NaN a NaN
-  }
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
+using kernels::BFloat16ToFloat;
+using kernels::FloatToBFloat16;
+using kernels::FloatToHalf;
+using kernels::HalfToFloat;
 
 transport::ElementType AccumulatorType(uint32_t dtype) {
   switch (dtype) {

@@ -23,9 +23,4 @@ void WriteBack(const void* acc, size_t count, double divisor, void* out, uint32_
 // In place: data[i] /= divisor, for a buffer already of the accumulator type.
 void DivideInPlace(void* data, size_t count, double divisor, uint32_t dtype);
 
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-float BFloat16ToFloat(uint16_t b);
-uint16_t FloatToBFloat16(float f);
-
 }  // namespace sparsync::pipeline

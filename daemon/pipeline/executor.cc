@@ -52,6 +52,7 @@ void Executor::Execute(const negotiation::ScheduleEntry& entry) {
   }
   std::vector<GroupMember>& members = *resolved;
   uint32_t op = members.front().meta.op;
+  auto started = std::chrono::steady_clock::now();
   Status st;
   std::vector<std::shared_ptr<intake::SharedRegion>> gathered;
   if (op == SPARSYNC_OP_ALLGATHER) {
@@ -66,6 +67,9 @@ void Executor::Execute(const negotiation::ScheduleEntry& entry) {
     fail_(st);
     return;
   }
+  spdlog::debug("entry {}: {} {} tensor(s), first '{}', {:.3f} ms", entry.seq,
+                negotiation::OpName(op), members.size(), members.front().meta.name,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
   for (const GroupMember* m : table_->Finish(members)) {
     for (const WorkerPart& part : m->parts) {
       if (op == SPARSYNC_OP_ALLGATHER) {

@@ -6,30 +6,14 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/dtype.h"
 #include "proto/intake/wire.h"
 
 namespace sparsync::pipeline {
 namespace {
 
-TEST(DenseMathTest, HalfRoundTripsEveryFiniteValue) {
-  for (uint32_t h = 0; h < 0x10000; ++h) {
-    float f = HalfToFloat(static_cast<uint16_t>(h));
-    if (std::isnan(f)) continue;
-    ASSERT_EQ(FloatToHalf(f), h) << std::hex << h;
-  }
-  EXPECT_EQ(HalfToFloat(0x3c00), 1.0f);
-  EXPECT_EQ(FloatToHalf(65504.f), 0x7bff);
-  EXPECT_EQ(FloatToHalf(1e6f), 0x7c00) << "overflow is infinity";
-}
-
-TEST(DenseMathTest, BFloat16RoundsToNearestEven) {
-  EXPECT_EQ(FloatToBFloat16(1.0f), 0x3f80);
-  EXPECT_EQ(BFloat16ToFloat(0x3f80), 1.0f);
-  // 1 + 2^-8 is exactly between two bfloat16 values: ties go to the even one (1.0).
-  EXPECT_EQ(FloatToBFloat16(1.0f + 1.0f / 256), 0x3f80);
-  EXPECT_EQ(FloatToBFloat16(1.0f + 3.0f / 256), 0x3f82);
-  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));
-}
+using kernels::FloatToHalf;
+using kernels::HalfToFloat;
 
 TEST(DenseMathTest, SumAndAverageOfHalfAccumulateInFloat) {
   // 2048 + 1 is not representable in float16; accumulating in float32 keeps it until the end.

@@ -1,0 +1,194 @@
+#include "kernels/cpu/topk_select.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "kernels/cpu/scan.h"
+#include "kernels/random.h"
+#include "kernels/sparsifier.h"
+
+namespace sparsync::kernels::cpu {
+namespace {
+
+constexpr int64_t kSampleSize = 8192;
+constexpr int64_t kBlock = 16;
+constexpr uint64_t kSampleSeed = 0x5EEDu;  // fixed: the sample only affects speed, not output
+
+inline uint64_t Key(uint32_t abs_bits, int64_t index) {
+  return static_cast<uint64_t>(abs_bits) << 32 | (0xFFFFFFFFu - static_cast<uint32_t>(index));
+}
+inline int32_t KeyIndex(uint64_t key) {
+  return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key));
+}
+
+}  // namespace
+
+// Keys of all elements with AbsBits >= t, in index order, stored while they fit in `capacity`;
+// returns the total count (which may exceed capacity). *max_bits receives the largest AbsBits
+// among the hits (>= kInfBits iff the input holds a NaN or Inf). REQUIRES: t <= kInfBits.
+SPARSYNC_KERNELS_VECTOR_CLONES
+int64_t CollectTopKCandidates(const float* x, int64_t n, uint32_t t, uint64_t* keys,
+                              int64_t capacity, uint32_t* max_bits) {
+  const auto ts = static_cast<int32_t>(t);
+  int64_t count = 0;
+  uint32_t m = 0;
+  auto visit = [&](int64_t at) {
+    const uint32_t a = AbsBits(x[at]);
+    if (a >= t) {
+      if (count < capacity) keys[count] = Key(a, at);
+      ++count;
+      m = a > m ? a : m;
+    }
+  };
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    // Vectorised test of the whole block (written as a lane array, which GCC vectorises); the
+    // rare blocks with a hit are visited element by element.
+    int32_t lane[kBlock];
+    for (int64_t j = 0; j < kBlock; ++j) {
+      lane[j] = static_cast<int32_t>(AbsBits(x[i + j])) >= ts ? 1 : 0;
+    }
+    int32_t hits = 0;
+    for (int64_t j = 0; j < kBlock; ++j) hits |= lane[j];
+    if (hits == 0) continue;
+    for (int64_t j = 0; j < kBlock; ++j) visit(i + j);
+  }
+  for (; i < n; ++i) visit(i);
+  *max_bits = m;
+  return count;
+}
+
+namespace {
+}  // namespace
+
+int64_t TopKSelector::CandidateCapacity(int64_t n, int64_t k) const {
+  return std::min(n, 3 * k + 4096);
+}
+
+void TopKSelector::Reserve(int64_t max_numel, int64_t max_k) {
+  sample_.resize(static_cast<size_t>(std::min(max_numel, kSampleSize)));
+  const auto cap = static_cast<size_t>(CandidateCapacity(max_numel, max_k));
+  if (candidates_.size() < cap) {
+    candidates_.resize(cap);
+    work_.resize(cap);
+  }
+  histogram_.resize(2048);
+}
+
+Status TopKSelector::Select(const float* x, int64_t n, int64_t k, int32_t* out_indices,
+                            float* out_values) {
+  k = std::min(k, n);
+  if (n == 0) return Status::Ok();
+  if (k == n) {  // everything, but still refuse non-finite input
+    if (const int64_t bad = FindNonFinite(x, n); bad >= 0) return NonFiniteError(bad, x[bad]);
+    for (int64_t i = 0; i < n; ++i) {
+      out_indices[i] = static_cast<int32_t>(i);
+      out_values[i] = x[i];
+    }
+    return Status::Ok();
+  }
+  const int64_t capacity =
+      std::min(CandidateCapacity(n, k), static_cast<int64_t>(candidates_.size()));
+
+  // Threshold estimate. t = 0 keeps everything, which is right when everything fits.
+  uint32_t t = 0;
+  if (n > capacity && !force_fallback_) {
+    const int64_t s = std::min({kSampleSize, n, static_cast<int64_t>(sample_.size())});
+    for (int64_t j = 0; j < s; ++j) {  // one uniform draw inside each of s equal strata
+      const int64_t lo = j * n / s, hi = (j + 1) * n / s;
+      const auto pos = lo + static_cast<int64_t>(RandomBelow(
+                                kSampleSeed, RandomStream::kTopKSample, static_cast<uint64_t>(j),
+                                static_cast<uint64_t>(hi - lo)));
+      sample_[static_cast<size_t>(j)] = AbsBits(x[pos]);
+    }
+    // Expected sample hits above the true k-th magnitude: s q. Go 3 sigma + 2 deeper so the
+    // candidate count is >= k with high probability.
+    const double sq = static_cast<double>(s) * static_cast<double>(k) / static_cast<double>(n);
+    const auto rank = static_cast<int64_t>(std::ceil(sq + 3.0 * std::sqrt(sq) + 2.0));
+    if (rank < s) {
+      std::nth_element(sample_.begin(), sample_.begin() + (rank - 1), sample_.begin() + s,
+                       std::greater<uint32_t>());
+      t = std::min(sample_[static_cast<size_t>(rank - 1)], kInfBits);
+    }
+  }
+
+  uint32_t max_bits = 0;
+  int64_t count = 0;
+  if (!force_fallback_) {
+    count = CollectTopKCandidates(x, n, t, candidates_.data(), capacity, &max_bits);
+  } else {
+    max_bits = MaxAbsBits(x, n);
+  }
+  if (max_bits >= kInfBits) {
+    const int64_t bad = FindNonFinite(x, n);
+    return NonFiniteError(bad, x[bad]);
+  }
+  if (force_fallback_ || count < k || count > capacity) {
+    ++fallback_count_;
+    SelectByRadix(x, n, k, out_indices, out_values);
+    return Status::Ok();
+  }
+  // The k-th largest key, found on a copy so that the candidates stay in index order; then one
+  // pass over the candidates emits the selection already sorted by index.
+  std::copy(candidates_.begin(), candidates_.begin() + count, work_.begin());
+  std::nth_element(work_.begin(), work_.begin() + (k - 1), work_.begin() + count,
+                   std::greater<uint64_t>());
+  const uint64_t kth = work_[static_cast<size_t>(k - 1)];
+  int64_t out = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    if (candidates_[static_cast<size_t>(j)] >= kth) {
+      const int32_t i = KeyIndex(candidates_[static_cast<size_t>(j)]);
+      out_indices[out] = i;
+      out_values[out] = x[i];
+      ++out;
+    }
+  }
+  return Status::Ok();
+}
+
+// Exact selection without a candidate buffer: find T, the k-th largest AbsBits, 11/10/10 bits at
+// a time, counting how many lie strictly above it; then collect, in index order, every element
+// above T and the first (k - above) elements equal to T (the smaller indices win ties).
+void TopKSelector::SelectByRadix(const float* x, int64_t n, int64_t k, int32_t* out_indices,
+                                 float* out_values) {
+  struct Digit {
+    int shift;
+    int bits;
+  };
+  static constexpr Digit kDigits[] = {{20, 11}, {10, 10}, {0, 10}};
+  uint32_t prefix = 0;       // the digits of T found so far
+  uint32_t prefix_mask = 0;  // which bits of AbsBits the prefix covers
+  int64_t above = 0;         // elements known to be strictly above T
+  for (const Digit& digit : kDigits) {
+    const uint32_t bins = 1u << digit.bits;
+    std::fill(histogram_.begin(), histogram_.begin() + bins, 0u);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t a = AbsBits(x[i]);
+      if ((a & prefix_mask) == prefix) ++histogram_[(a >> digit.shift) & (bins - 1)];
+    }
+    uint32_t b = bins;
+    int64_t cumulative = above;
+    while (b > 0) {
+      --b;
+      if (cumulative + histogram_[b] >= k) break;
+      cumulative += histogram_[b];
+    }
+    above = cumulative;
+    prefix |= b << digit.shift;
+    prefix_mask |= (bins - 1) << digit.shift;
+  }
+  const uint32_t threshold = prefix;
+  int64_t ties_left = k - above;
+  int64_t out = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = AbsBits(x[i]);
+    if (a > threshold || (a == threshold && ties_left-- > 0)) {
+      out_indices[out] = static_cast<int32_t>(i);
+      out_values[out] = x[i];
+      ++out;
+    }
+  }
+}
+
+}  // namespace sparsync::kernels::cpu
