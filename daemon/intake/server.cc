@@ -180,7 +180,10 @@ void IntakeServer::HandleReadable(int fd) {
   ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n < 0) {
-    Close(fd, ErrnoStatus("receiving from the worker", errno));
+    // A worker that dies with unread messages resets the connection instead of closing it.
+    Close(fd, ErrnoStatus(session->Describe(node_rank_) +
+                              " disconnected without saying goodbye (it crashed or was killed)",
+                          errno));
     return;
   }
   // Close any descriptor a misbehaving peer attached.

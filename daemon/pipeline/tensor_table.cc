@@ -113,6 +113,18 @@ void TensorTable::OnRegister(const std::shared_ptr<intake::WorkerSession>& sessi
                                   std::to_string(world_.size()) + " workers"));
   }
   size_t bytes = static_cast<size_t>(meta.NumElements()) * intake::WireDTypeSize(meta.dtype);
+  Status mismatch;
+  // Runs after the lock below is released (declared first, destroyed last).
+  struct FailAfterUnlock {
+    TensorTable* table;
+    Status* error;
+    ~FailAfterUnlock() {
+      if (!error->ok()) {
+        table->FailAll(*error);
+        table->fail_(*error);
+      }
+    }
+  } fail_after_unlock{this, &mismatch};
   std::lock_guard lock(mu_);
   if (!fatal_.ok()) return refuse(fatal_);
   if (session->tensors.count(msg.tensor_id)) {
@@ -122,7 +134,13 @@ void TensorTable::OnRegister(const std::shared_ptr<intake::WorkerSession>& sessi
   auto it = tensors_.find(meta.name);
   if (it != tensors_.end()) {
     Status st = CheckCompatible(it->second, meta, session->local_rank);
-    if (!st.ok()) return refuse(st);
+    if (!st.ok()) {
+      // Workers of one node disagree: the job cannot go on, so every worker of every node hears
+      // it now rather than at the timeout.
+      refuse(st);
+      mismatch = st;
+      return;
+    }
     if (it->second.parts[session->local_rank]) {
       return refuse(InvalidArgument("tensor '" + meta.name + "' is already registered by this worker"));
     }
@@ -232,9 +250,11 @@ void TensorTable::OnDisconnect(const std::shared_ptr<intake::WorkerSession>& ses
     return;
   }
   if (!reason.ok() && !had_tensors && !had_posted) return;  // never took part in the job
-  Status error = reason.ok() ? Aborted(session->Describe(world_.node_rank) +
-                                       " left with collectives in flight")
-                             : Aborted(reason.message());
+  const std::string who = session->Describe(world_.node_rank);
+  Status error = reason.ok() ? Aborted(who + " left with collectives in flight")
+                 : reason.message().find(who) != std::string::npos
+                     ? Aborted(reason.message())
+                     : Aborted(who + ": " + reason.message());
   FailAll(error);
   fail_(error);
 }

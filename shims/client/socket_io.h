@@ -1,0 +1,59 @@
+// Thin wrappers over the socket system calls of the intake control connection. This is the one
+// file of the client library that reads errno: every failure comes back as an IoError with a
+// message a user can act on.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace sparsync::client {
+
+using Clock = std::chrono::steady_clock;
+
+struct IoError {
+  bool ok = true;
+  bool closed = false;     // the peer closed the connection (or reset it)
+  bool timed_out = false;  // the deadline passed before anything arrived
+  std::string message;     // empty when ok
+  static IoError Ok() { return {}; }
+};
+
+// Owns received descriptors until they are taken; closes whatever is left.
+class ReceivedFds {
+ public:
+  ReceivedFds() = default;
+  ReceivedFds(const ReceivedFds&) = delete;
+  ReceivedFds& operator=(const ReceivedFds&) = delete;
+  ~ReceivedFds() { CloseAll(); }
+  void Add(int fd) { fds_.push_back(fd); }
+  size_t size() const { return fds_.size(); }
+  int Take();  // REQUIRES: size() > 0. The caller owns the returned descriptor.
+  void CloseAll();
+
+ private:
+  std::vector<int> fds_;
+};
+
+// Connects a SOCK_SEQPACKET Unix socket to `path`. On success *fd is the connected socket
+// (close-on-exec). `retryable` is set when the daemon may simply not be up yet.
+IoError ConnectUnix(const std::string& path, int* fd, bool* retryable);
+
+// Sends one datagram; never raises SIGPIPE.
+IoError SendDatagram(int fd, const void* data, size_t bytes);
+
+// Receives one datagram of at most `capacity` bytes, waiting until `deadline` (a deadline of
+// Clock::time_point::max() waits forever). Descriptors passed along land in *fds. A datagram
+// longer than `capacity` or with truncated control data is an error.
+IoError ReceiveDatagram(int fd, void* buffer, size_t capacity, Clock::time_point deadline,
+                        size_t* received, ReceivedFds* fds);
+
+// Maps `bytes` (at least 1) of the memfd `fd` shared and read-write after checking that the file
+// is that large. Does not close `fd`.
+IoError MapRegion(int fd, size_t bytes, void** data);
+
+void UnmapRegion(void* data, size_t bytes);
+void CloseFd(int fd);
+
+}  // namespace sparsync::client

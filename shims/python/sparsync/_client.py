@@ -1,0 +1,209 @@
+"""ctypes binding of the C ABI in shims/client/include/sparsync/client.h.
+
+Framework-neutral: tensors are raw shared regions, exposed as numpy arrays. The PyTorch shim
+(sparsync.torch) and the tests build on this. Calls into the library release the GIL.
+"""
+
+import ctypes
+import threading
+import time
+
+import numpy as np
+
+from sparsync._errors import SparsyncError
+from sparsync._paths import find_client_library
+
+# Values of proto/intake/wire.h (part of the protocol).
+OP_ALLREDUCE, OP_ALLGATHER, OP_BROADCAST, OP_GRADIENT = 0, 1, 2, 3
+REDUCE_AVERAGE, REDUCE_SUM = 0, 1
+FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64, UINT8 = range(7)
+ITEMSIZE = {FLOAT32: 4, FLOAT64: 8, FLOAT16: 2, BFLOAT16: 2, INT32: 4, INT64: 8, UINT8: 1}
+STATUS_NAMES = {0: "OK", 1: "INVALID", 2: "UNAVAILABLE", 3: "TIMEOUT", 4: "MISMATCH",
+                5: "ABORTED", 6: "INTERNAL", 7: "PERMISSION"}
+OK, ERR_TIMEOUT = 0, 3
+MAX_DIMS = 8
+
+NUMPY_DTYPES = {np.dtype(np.float32): FLOAT32, np.dtype(np.float64): FLOAT64,
+                np.dtype(np.float16): FLOAT16, np.dtype(np.int32): INT32,
+                np.dtype(np.int64): INT64, np.dtype(np.uint8): UINT8}
+
+
+class _World(ctypes.Structure):
+    _fields_ = [("rank", ctypes.c_uint32), ("size", ctypes.c_uint32),
+                ("local_rank", ctypes.c_uint32), ("local_size", ctypes.c_uint32),
+                ("node_rank", ctypes.c_uint32), ("num_nodes", ctypes.c_uint32)]
+
+
+class _TensorSpec(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("op", ctypes.c_int), ("dtype", ctypes.c_int),
+                ("reduce_op", ctypes.c_int), ("root_rank", ctypes.c_int32),
+                ("ndim", ctypes.c_uint32), ("shape", ctypes.POINTER(ctypes.c_int64))]
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def _library():
+    global _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        path = find_client_library()
+        if path is None:
+            raise SparsyncError(
+                "libsparsync_client.so not found: set SPARSYNC_CLIENT_LIB, or build the project "
+                "(cmake -S . -B build -G Ninja && cmake --build build)")
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise SparsyncError("cannot load the sparsync client library %s: %s" % (path, e))
+        c = ctypes
+        sig = {
+            "sparsync_connect": [c.c_char_p, c.c_char_p, c.c_uint32, c.c_double,
+                                 c.POINTER(c.c_void_p), c.c_char_p, c.c_size_t],
+            "sparsync_close": [c.c_void_p],
+            "sparsync_get_world": [c.c_void_p, c.POINTER(_World)],
+            "sparsync_register_tensor": [c.c_void_p, c.POINTER(_TensorSpec),
+                                         c.POINTER(c.c_uint32), c.POINTER(c.c_void_p),
+                                         c.POINTER(c.c_uint64)],
+            "sparsync_post_ready": [c.c_void_p, c.c_uint32],
+            "sparsync_wait_done": [c.c_void_p, c.c_uint32, c.c_double],
+            "sparsync_allgather_result": [c.c_void_p, c.c_uint32, c.POINTER(c.c_void_p),
+                                          c.POINTER(c.c_uint64), c.POINTER(c.c_int64)],
+            "sparsync_unregister_tensor": [c.c_void_p, c.c_uint32],
+            "sparsync_last_error": [c.c_void_p],
+        }
+        for name, args in sig.items():
+            f = getattr(lib, name)
+            f.argtypes = args
+            f.restype = c.c_int
+        lib.sparsync_close.restype = None
+        lib.sparsync_last_error.restype = c.c_char_p
+        _lib = lib
+        return lib
+
+
+class Registered:
+    """A registered tensor: its id and its shared region (valid until unregistered)."""
+
+    __slots__ = ("id", "name", "op", "dtype", "shape", "address", "nbytes", "spec")
+
+    def __init__(self, tid, name, op, dtype, shape, address, nbytes):
+        self.id, self.name, self.op, self.dtype = tid, name, op, dtype
+        self.shape, self.address, self.nbytes = tuple(shape), address, nbytes
+        self.spec = None  # free for the caller (the torch shim keeps its cache key here)
+
+    @property
+    def numel(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def raw(self):
+        """The data bytes of the region as a writable uint8 array (numel * itemsize bytes)."""
+        return _raw_array(self.address, self.numel * ITEMSIZE[self.dtype])
+
+    def array(self, np_dtype):
+        """The region as a numpy array of `np_dtype` (same item size as the wire dtype)."""
+        return self.raw().view(np_dtype).reshape(self.shape)
+
+
+def _raw_array(address, nbytes):
+    if nbytes == 0:
+        return np.zeros(0, dtype=np.uint8)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+
+
+class Client:
+    """One connection to the node's sparsyncd."""
+
+    def __init__(self, socket_path, job_token="", local_rank=0, connect_timeout_s=10.0):
+        lib = _library()
+        handle = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(1024)
+        s = lib.sparsync_connect(socket_path.encode(), job_token.encode(), int(local_rank),
+                                 float(connect_timeout_s), ctypes.byref(handle), err, len(err))
+        if s != OK:
+            raise SparsyncError(err.value.decode(errors="replace"), s)
+        self._lib = lib
+        self._h = handle
+        self.socket_path = socket_path
+        w = _World()
+        self._check(lib.sparsync_get_world(self._h, ctypes.byref(w)))
+        self.world = {f: getattr(w, f) for f, _ in _World._fields_}
+
+    def _check(self, status, context=None):
+        if status == OK:
+            return
+        msg = self._lib.sparsync_last_error(self._h) if self._h else b""
+        msg = (msg or b"").decode(errors="replace") or STATUS_NAMES.get(status, str(status))
+        if context:
+            msg = "%s: %s" % (context, msg)
+        raise SparsyncError(msg, status)
+
+    def _require_open(self):
+        if not self._h:
+            raise SparsyncError("sparsync client is closed (call init() first)")
+
+    def register(self, name, op, dtype, shape, reduce_op=REDUCE_AVERAGE, root_rank=0):
+        self._require_open()
+        shape = tuple(int(d) for d in shape)
+        if len(shape) > MAX_DIMS:
+            raise SparsyncError("tensor '%s' has %d dimensions; at most %d are supported"
+                                % (name, len(shape), MAX_DIMS))
+        dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        spec = _TensorSpec(name.encode(), op, dtype, reduce_op, root_rank, len(shape), dims)
+        tid, data, nbytes = ctypes.c_uint32(), ctypes.c_void_p(), ctypes.c_uint64()
+        self._check(self._lib.sparsync_register_tensor(
+            self._h, ctypes.byref(spec), ctypes.byref(tid), ctypes.byref(data),
+            ctypes.byref(nbytes)))
+        reg = Registered(tid.value, name, op, dtype, shape, data.value, nbytes.value)
+        if nbytes.value < reg.numel * ITEMSIZE[dtype]:
+            self.unregister(reg)
+            raise SparsyncError("sparsyncd mapped %d bytes for tensor '%s', which needs %d"
+                                % (nbytes.value, name, reg.numel * ITEMSIZE[dtype]))
+        return reg
+
+    def post(self, reg):
+        self._require_open()
+        self._check(self._lib.sparsync_post_ready(self._h, reg.id))
+
+    def try_wait(self, reg):
+        """True when the posted round is done (raises on its error), False while in flight."""
+        self._require_open()
+        s = self._lib.sparsync_wait_done(self._h, reg.id, 0.0)
+        if s == ERR_TIMEOUT:
+            return False
+        self._check(s)
+        return True
+
+    def wait(self, reg, timeout_s, limit_hint="SPARSYNC_TIMEOUT_S"):
+        """Waits for the posted round; in slices so that Ctrl-C is seen within a second."""
+        self._require_open()
+        deadline = None if timeout_s is None or timeout_s < 0 else time.monotonic() + timeout_s
+        while True:
+            left = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
+            s = self._lib.sparsync_wait_done(self._h, reg.id, left)
+            if s != ERR_TIMEOUT:
+                self._check(s)
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise SparsyncError(
+                    "timed out after %.0f s (%s) waiting for the result of tensor '%s' from "
+                    "sparsyncd at '%s'" % (timeout_s, limit_hint, reg.name, self.socket_path),
+                    ERR_TIMEOUT)
+
+    def allgather_result(self, reg):
+        """(uint8 array copy of the gathered bytes, first dimension) after a successful wait."""
+        data, nbytes, dim0 = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_int64()
+        self._check(self._lib.sparsync_allgather_result(
+            self._h, reg.id, ctypes.byref(data), ctypes.byref(nbytes), ctypes.byref(dim0)))
+        return _raw_array(data.value, nbytes.value).copy(), dim0.value
+
+    def unregister(self, reg):
+        if self._h:
+            self._check(self._lib.sparsync_unregister_tensor(self._h, reg.id))
+
+    def close(self):
+        if self._h:
+            self._lib.sparsync_close(self._h)
+            self._h = None

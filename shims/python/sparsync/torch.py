@@ -1,0 +1,475 @@
+"""The Horovod PyTorch API over sparsyncd: ``import sparsync.torch as hvd``.
+
+Every collective goes through the node's daemon: the tensor is copied into a shared region
+registered with the daemon, READY is posted, and the result is read back after DONE. Explicit
+allreduce/allgather/broadcast are exact; gradients reduced by DistributedOptimizer use the
+GRADIENT op, which the daemon may compress (SPARSYNC_COMPRESSOR).
+"""
+
+import atexit
+import io
+import os
+import pickle
+import threading
+
+import numpy as np
+import torch
+
+from sparsync import _client as C
+from sparsync._errors import SparsyncError
+from sparsync._paths import default_socket_path
+
+__all__ = [
+    "SparsyncError", "Average", "Sum", "Adasum", "Compression", "init", "shutdown",
+    "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather",
+    "allgather_async", "allgather_object", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "broadcast_object", "broadcast_parameters", "broadcast_optimizer_state",
+    "synchronize", "poll", "DistributedOptimizer",
+]
+
+Average = C.REDUCE_AVERAGE
+Sum = C.REDUCE_SUM
+Adasum = 2  # accepted by name for compatibility; not supported
+
+_WIRE_DTYPES = {torch.float32: C.FLOAT32, torch.float64: C.FLOAT64, torch.float16: C.FLOAT16,
+                torch.bfloat16: C.BFLOAT16, torch.int32: C.INT32, torch.int64: C.INT64,
+                torch.uint8: C.UINT8}
+
+# The daemon fails a stalled collective after SPARSYNC_TIMEOUT_S and says why; the shim gives up
+# on its own only this much later, so that the daemon's message is the one users see.
+_DAEMON_GRACE_S = 5.0
+
+
+class _State:
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.client = None
+        self.world = None
+        self.timeout_s = 300.0 + _DAEMON_GRACE_S
+        self.timeout_hint = "SPARSYNC_TIMEOUT_S"
+        self.noname = {}       # op kind -> next number for unnamed ops
+        self.named = {}        # (kind, name) -> registration kept for reuse
+        self.in_flight = set()  # (kind, name) of named ops posted and not yet synchronized
+        self.handles = {}      # handle -> _Pending
+        self.next_handle = 0
+
+
+_state = _State()
+
+
+def _env_float(name, default):
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise SparsyncError("%s=%r is not a number of seconds" % (name, value))
+
+
+def init(comm=None, process_sets=None):
+    """Connects this worker to its node's sparsyncd (SPARSYNC_SOCKET). Idempotent."""
+    with _state.lock:
+        if _state.client is not None:
+            return
+        path = os.environ.get("SPARSYNC_SOCKET") or default_socket_path()
+        token = os.environ.get("SPARSYNC_JOB_TOKEN", "")
+        try:
+            local = int(os.environ.get("SPARSYNC_LOCAL_RANK", "0") or 0)
+        except ValueError:
+            raise SparsyncError("SPARSYNC_LOCAL_RANK=%r is not an integer"
+                                % os.environ["SPARSYNC_LOCAL_RANK"])
+        connect_s = _env_float("SPARSYNC_CONNECT_TIMEOUT_S", 10.0)
+        daemon_timeout = _env_float("SPARSYNC_TIMEOUT_S", 300.0)
+        _state.timeout_s = daemon_timeout + _DAEMON_GRACE_S
+        _state.timeout_hint = "SPARSYNC_TIMEOUT_S=%g plus %g s" % (daemon_timeout,
+                                                                     _DAEMON_GRACE_S)
+        client = C.Client(path, token, local, connect_s)
+        expected = os.environ.get("SPARSYNC_RANK")
+        if expected not in (None, "") and int(expected) != client.world["rank"]:
+            client.close()
+            raise SparsyncError("sparsyncd at '%s' gave this worker rank %d, but SPARSYNC_RANK=%s"
+                                % (path, client.world["rank"], expected))
+        _state.client = client
+        _state.world = client.world
+    atexit.register(shutdown)
+
+
+def shutdown():
+    """Says goodbye to the daemon and releases every shared region."""
+    with _state.lock:
+        if _state.client is not None:
+            _state.client.close()
+        _state.client = None
+        _state.world = None
+        _state.named.clear()
+        _state.in_flight.clear()
+        _state.handles.clear()
+
+
+def is_initialized():
+    return _state.client is not None
+
+
+def _world(key):
+    w = _state.world
+    if w is None:
+        raise ValueError("sparsync has not been initialized; use hvd.init().")
+    return w[key]
+
+
+def rank():
+    return _world("rank")
+
+
+def size():
+    return _world("size")
+
+
+def local_rank():
+    return _world("local_rank")
+
+
+def local_size():
+    return _world("local_size")
+
+
+def cross_rank():
+    return _world("node_rank")
+
+
+def cross_size():
+    return _world("num_nodes")
+
+
+def mpi_threads_supported():
+    return False
+
+
+def _client():
+    if _state.client is None:
+        raise ValueError("sparsync has not been initialized; use hvd.init().")
+    return _state.client
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared buffers
+
+
+def _buffer_view(reg, dtype):
+    """A flat torch tensor of `dtype` over the registration's shared region (no copy)."""
+    raw = torch.from_numpy(reg.raw())
+    if raw.numel() == 0:
+        return torch.empty(0, dtype=dtype)
+    return raw.view(dtype)
+
+
+def _wire_dtype(kind, dtype, reduce_op):
+    """(wire dtype code, torch dtype sent) for `dtype` in a `kind` collective."""
+    if dtype in _WIRE_DTYPES and not (kind == "allreduce" and dtype == torch.uint8):
+        return _WIRE_DTYPES[dtype], dtype
+    if dtype in (torch.bool, torch.int8) and kind != "allreduce":
+        return C.UINT8, torch.uint8  # bit-exact bytes for broadcast and allgather
+    if dtype in (torch.bool, torch.int8, torch.uint8, torch.int16):
+        return C.INT32, torch.int32
+    raise SparsyncError("sparsync does not support tensors of %s" % dtype)
+
+
+def _auto_name(kind):
+    n = _state.noname.get(kind, 0)
+    _state.noname[kind] = n + 1
+    return "%s.noname.%d" % (kind, n)
+
+
+class _Pending:
+    __slots__ = ("kind", "key", "reg", "temporary", "finish")
+
+    def __init__(self, kind, key, reg, temporary, finish):
+        self.kind, self.key, self.reg, self.temporary, self.finish = (
+            kind, key, reg, temporary, finish)
+
+
+def _registration(kind, name, op, wire, shape, reduce_op, root):
+    """A registration for a named op (kept and reused while its spec is unchanged)."""
+    key = (kind, name)
+    spec = (op, wire, tuple(shape), reduce_op, root)
+    reg = _state.named.get(key)
+    if reg is not None and reg.spec == spec:
+        return reg
+    if reg is not None:
+        _state.named.pop(key)
+        _client().unregister(reg)
+    reg = _client().register(name, op, wire, shape, reduce_op, root)
+    reg.spec = spec
+    _state.named[key] = reg
+    return reg
+
+
+def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("expected a torch.Tensor, got %s" % type(tensor).__name__)
+    with _state.lock:
+        client = _client()
+        wire, sent_dtype = _wire_dtype(kind, tensor.dtype, reduce_op)
+        src = tensor.detach()
+        if src.dim() == 0 and kind == "allgather":
+            src = src.reshape(1)
+        shape = tuple(src.shape)
+        temporary = name is None
+        if temporary:
+            name = _auto_name(kind)
+            reg = client.register(name, op, wire, shape, reduce_op, root)
+            key = None
+        else:
+            key = (kind, name)
+            if key in _state.in_flight:
+                raise SparsyncError("a %s named '%s' is already in flight; synchronize it first"
+                                    % (kind, name))
+            reg = _registration(kind, name, op, wire, shape, reduce_op, root)
+        try:
+            buf = _buffer_view(reg, sent_dtype)
+            flat = src.reshape(-1)
+            if flat.numel():
+                buf.copy_(flat.to(device="cpu", dtype=sent_dtype))
+                if prescale != 1.0:
+                    buf.mul_(prescale)
+            client.post(reg)
+        except BaseException:
+            if temporary:
+                client.unregister(reg)
+            raise
+        if key is not None:
+            _state.in_flight.add(key)
+        handle = _state.next_handle
+        _state.next_handle += 1
+        _state.handles[handle] = _Pending(kind, key, reg, temporary,
+                                          lambda: finish(reg, sent_dtype))
+        return handle
+
+
+def poll(handle):
+    """True when the operation behind `handle` has finished (synchronize will not block)."""
+    with _state.lock:
+        p = _state.handles.get(handle)
+        if p is None:
+            raise ValueError("unknown sparsync handle %r" % (handle,))
+        try:
+            return _client().try_wait(p.reg)
+        except SparsyncError:
+            return True  # synchronize raises it
+
+
+def synchronize(handle):
+    """Waits for the operation behind `handle` and returns its output tensor."""
+    with _state.lock:
+        p = _state.handles.pop(handle, None)
+        if p is None:
+            raise ValueError("unknown sparsync handle %r" % (handle,))
+        client = _client()
+    try:
+        client.wait(p.reg, _state.timeout_s, _state.timeout_hint)  # without the lock: other threads may post
+        with _state.lock:
+            return p.finish()
+    finally:
+        with _state.lock:
+            if p.key is not None:
+                _state.in_flight.discard(p.key)
+            if p.temporary and _state.client is client:
+                client.unregister(p.reg)
+
+
+# ---------------------------------------------------------------------------------------------
+# allreduce
+
+
+def _reduce_op(average, op):
+    if op is None:
+        op = Sum if average is False else Average
+    elif average is not None:
+        raise ValueError("op and average are mutually exclusive")
+    if op == Adasum:
+        raise SparsyncError("Adasum is not supported by sparsync; use Average or Sum")
+    if op not in (Average, Sum):
+        raise ValueError("unknown reduce op %r" % (op,))
+    return op
+
+
+def _allreduce_async(tensor, output, average, name, op, prescale_factor, postscale_factor):
+    op = _reduce_op(average, op)
+    integer = not (tensor.is_floating_point() or tensor.is_complex())
+    wire_op = Sum if integer else op  # the daemon sums integers; the average is taken here
+    shape, dtype, device = tensor.shape, tensor.dtype, tensor.device
+
+    def finish(reg, sent_dtype):
+        result = _buffer_view(reg, sent_dtype).reshape(shape)
+        if integer and op == Average:
+            result = torch.div(result, size(), rounding_mode="floor")
+        if postscale_factor != 1.0:
+            result = result * postscale_factor
+        if output is None:
+            return result.to(dtype=dtype, device=device, copy=True)
+        output.copy_(result)
+        return output
+
+    return _enqueue("allreduce", tensor, name, C.OP_ALLREDUCE, wire_op, 0, finish,
+                    prescale_factor)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0):
+    return _allreduce_async(tensor, None, average, name, op, prescale_factor, postscale_factor)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0):
+    return _allreduce_async(tensor, tensor, average, name, op, prescale_factor, postscale_factor)
+
+
+def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0):
+    """The average (default) or sum of `tensor` over all workers, as a new tensor."""
+    compression = compression or Compression.none
+    compressed, ctx = compression.compress(tensor)
+    out = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
+                                      postscale_factor))
+    return compression.decompress(out, ctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0):
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor))
+
+
+# ---------------------------------------------------------------------------------------------
+# allgather and broadcast
+
+
+def allgather_async(tensor, name=None):
+    rest, dtype, device = tuple(tensor.shape[1:]), tensor.dtype, tensor.device
+
+    def finish(reg, sent_dtype):
+        raw, dim0 = _client().allgather_result(reg)
+        out = torch.from_numpy(raw)
+        out = out.view(sent_dtype) if out.numel() else torch.empty(0, dtype=sent_dtype)
+        return out.reshape((dim0,) + rest).to(dtype=dtype, device=device)
+
+    return _enqueue("allgather", tensor, name, C.OP_ALLGATHER, Sum, 0, finish)
+
+
+def allgather(tensor, name=None):
+    """Concatenation of every worker's `tensor` along dim 0, in rank order."""
+    return synchronize(allgather_async(tensor, name))
+
+
+def _broadcast_async(tensor, output, root_rank, name):
+    shape, dtype, device = tensor.shape, tensor.dtype, tensor.device
+    if not 0 <= int(root_rank) < size():
+        raise ValueError("root_rank %d is not a rank of this job (size %d)" % (root_rank, size()))
+
+    def finish(reg, sent_dtype):
+        result = _buffer_view(reg, sent_dtype).reshape(shape)
+        if output is None:
+            return result.to(dtype=dtype, device=device, copy=True)
+        output.copy_(result.to(dtype=dtype))
+        return output
+
+    return _enqueue("broadcast", tensor, name, C.OP_BROADCAST, Sum, int(root_rank), finish)
+
+
+def broadcast_async(tensor, root_rank, name=None):
+    return _broadcast_async(tensor, None, root_rank, name)
+
+
+def broadcast_async_(tensor, root_rank, name=None):
+    return _broadcast_async(tensor, tensor, root_rank, name)
+
+
+def broadcast(tensor, root_rank, name=None):
+    """`tensor` of rank `root_rank`, as a new tensor on every worker."""
+    return synchronize(broadcast_async(tensor, root_rank, name))
+
+
+def broadcast_(tensor, root_rank, name=None):
+    return synchronize(broadcast_async_(tensor, root_rank, name))
+
+
+def _unregister_named(keys):
+    with _state.lock:
+        for key in keys:
+            reg = _state.named.pop(key, None)
+            if reg is not None and _state.client is not None:
+                _state.client.unregister(reg)
+
+
+def broadcast_parameters(params, root_rank=0):
+    """Overwrites every tensor of `params` (a state_dict or (name, tensor) pairs) with root's."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, list) or hasattr(params, "__iter__"):
+        items = list(params)
+    else:
+        raise ValueError("invalid params of type %s" % type(params))
+    handles, keys = [], []
+    try:
+        for name, p in items:
+            if p is None:
+                continue
+            target = p.data if isinstance(p, torch.nn.Parameter) else p
+            bname = "broadcast_parameters.%s" % name
+            handles.append(broadcast_async_(target, root_rank, bname))
+            keys.append(("broadcast", bname))
+        for h in handles:
+            synchronize(h)
+    finally:
+        _unregister_named(keys)
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """`obj` of rank `root_rank` (pickled), on every worker."""
+    name = name or _auto_name("broadcast_object")
+    if rank() == root_rank:
+        buf = io.BytesIO()
+        torch.save(obj, buf, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+        payload = torch.from_numpy(np.frombuffer(buf.getvalue(), dtype=np.uint8).copy())
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    length = broadcast(length, root_rank, name + ".len")
+    if rank() != root_rank:
+        payload = torch.zeros(int(length.item()), dtype=torch.uint8)
+    payload = broadcast(payload, root_rank, name + ".data")
+    _unregister_named([("broadcast", name + ".len"), ("broadcast", name + ".data")])
+    if rank() == root_rank:
+        return obj
+    return torch.load(io.BytesIO(payload.numpy().tobytes()))
+
+
+def allgather_object(obj, name=None):
+    """A list of every worker's `obj`, in rank order."""
+    name = name or _auto_name("allgather_object")
+    buf = io.BytesIO()
+    torch.save(obj, buf, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    payload = torch.from_numpy(np.frombuffer(buf.getvalue(), dtype=np.uint8).copy())
+    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name + ".len")
+    data = allgather(payload, name + ".data")
+    _unregister_named([("allgather", name + ".len"), ("allgather", name + ".data")])
+    out, offset = [], 0
+    for n in sizes.tolist():
+        out.append(torch.load(io.BytesIO(data[offset:offset + n].numpy().tobytes())))
+        offset += n
+    return out
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Makes every worker's optimizer state (and hyperparameters) equal to root's."""
+    state = broadcast_object(optimizer.state_dict(), root_rank, "broadcast_optimizer_state")
+    if rank() != root_rank:
+        optimizer.load_state_dict(state)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compression and DistributedOptimizer
+
+from sparsync._torch_optimizer import Compression, DistributedOptimizer  # noqa: E402,F401

@@ -1,0 +1,114 @@
+"""sparsyncrun: environment, output prefixes, failure propagation, clean-up."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from conftest import FAKE_DAEMON, daemon_path, processes_with_env, sparsync_env
+
+
+@pytest.fixture
+def launcher(short_tmp, client_library):
+    """Runs sparsyncrun with TMPDIR in a private directory; real daemon if built, else fake."""
+    tmpdir = short_tmp / "t"
+    tmpdir.mkdir()
+    real = daemon_path()
+    if real is None:
+        wrapper = short_tmp / "fake-sparsyncd"
+        wrapper.write_text("#!/bin/sh\nexec %s %s \"$@\"\n" % (sys.executable, FAKE_DAEMON))
+        wrapper.chmod(0o755)
+
+    class Launcher:
+        multi_node = real is not None
+        tag = uuid.uuid4().hex
+
+        def env(self, extra=None):
+            env = sparsync_env({"TMPDIR": str(tmpdir), "SPARSYNC_TEST_TAG": self.tag})
+            if real is None:
+                env["SPARSYNC_DAEMON"] = str(wrapper)
+            env.update(extra or {})
+            return env
+
+        def popen(self, args, extra=None):
+            return subprocess.Popen([sys.executable, "-m", "sparsync.run"] + args,
+                                    env=self.env(extra), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+        def run(self, args, timeout=90, extra=None):
+            p = self.popen(args, extra)
+            out, _ = p.communicate(timeout=timeout)
+            return p.returncode, out
+
+        def assert_nothing_left(self):
+            deadline = time.monotonic() + 5
+            while processes_with_env(self.tag) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert processes_with_env(self.tag) == [], "processes left behind"
+            assert os.listdir(tmpdir) == [], "files left in TMPDIR: %s" % os.listdir(tmpdir)
+
+    return Launcher()
+
+
+def test_help_describes_the_options(launcher):
+    rc, out = launcher.run(["--help"])
+    assert rc == 0
+    for word in ("-np", "--nodes", "--timeout-s", "SPARSYNC_SOCKET", "SPARSYNC_RANK", "[d<i>]"):
+        assert word in out
+
+
+def test_uneven_split_is_refused(launcher):
+    rc, out = launcher.run(["-np", "3", "--nodes", "2", "true"])
+    assert rc == 2 and "multiple" in out, out
+
+
+def test_workers_get_their_ranks_and_prefixed_output(launcher):
+    nodes = 2 if launcher.multi_node else 1
+    code = ("import os, sparsync.torch as hvd\nhvd.init()\n"
+            "print('hello', hvd.rank(), hvd.size(), hvd.local_rank(), os.environ['SPARSYNC_RANK'])"
+            "\nhvd.shutdown()\n")
+    rc, out = launcher.run(["-np", "4", "--nodes", str(nodes), "python", "-c", code])
+    assert rc == 0, out
+    local = 4 // nodes
+    for r in range(4):
+        assert "[%d] hello %d 4 %d %d" % (r, r, r % local, r) in out, out
+    assert "[d0] " in out, out
+    launcher.assert_nothing_left()
+
+
+def test_failing_worker_stops_the_job(launcher):
+    code = ("import os, sys, time\n"
+            "if os.environ['SPARSYNC_RANK'] == '1':\n    time.sleep(0.5); sys.exit(3)\n"
+            "time.sleep(600)\n")
+    start = time.monotonic()
+    rc, out = launcher.run(["-np", "2", "--nodes", "1", "python", "-c", code])
+    assert rc == 3, out
+    assert "worker rank 1" in out and "failed first: exit status 3" in out, out
+    assert time.monotonic() - start < 30
+    launcher.assert_nothing_left()
+
+
+def test_daemon_that_dies_at_start_is_reported(launcher):
+    rc, out = launcher.run(["-np", "1", "true"], extra={"SPARSYNC_DAEMON": "/bin/false"})
+    assert rc != 0 and "daemon of node 0" in out and "during start-up" in out, out
+    launcher.assert_nothing_left()
+
+
+def test_ctrl_c_leaves_nothing_behind(launcher):
+    code = "import time\nprint('ready', flush=True)\ntime.sleep(600)\n"
+    p = launcher.popen(["-np", "2", "--nodes", "1", "python", "-c", code])
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if "ready" in line:
+            break
+    assert any("ready" in line for line in seen), "".join(seen)
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=30)
+    assert p.returncode != 0
+    assert "SIGINT" in out
+    launcher.assert_nothing_left()
