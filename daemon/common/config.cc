@@ -136,13 +136,91 @@ std::vector<Setting> Settings() {
         c->job_token = v;
         return Status::Ok();
       });
-  add("compressor", "SPARSYNC_COMPRESSOR", "none", "gradient compressor",
+  add("compressor", "SPARSYNC_COMPRESSOR", "none",
+      "gradient compressor: none, topk, randomk, threshold, gaussiank, wangni or dgc",
       [](const Setting& st, const std::string& v, Config* c) {
-        if (v == "none") {
-          c->compressor = Compressor::kNone;
+        for (Compressor k : {Compressor::kNone, Compressor::kTopK, Compressor::kRandomK,
+                             Compressor::kThreshold, Compressor::kGaussianK, Compressor::kWangni,
+                             Compressor::kDgc}) {
+          if (v == CompressorName(k)) {
+            c->compressor = k;
+            return Status::Ok();
+          }
+        }
+        return Reject(st, v,
+                      "accepted values: none, topk, randomk, threshold, gaussiank, wangni, dgc");
+      });
+  add("density", "SPARSYNC_DENSITY", "0.001",
+      "fraction of a merge group's elements a compressor sends, in (0, 1]",
+      [](const Setting& st, const std::string& v, Config* c) {
+        auto n = ParseNumber(v);
+        if (!n.ok() || *n <= 0 || *n > 1) return Reject(st, v, "expected a number in (0, 1]");
+        c->density = *n;
+        return Status::Ok();
+      });
+  add("threshold", "SPARSYNC_THRESHOLD", "0",
+      "threshold compressor: send |x| > this; 0 estimates it from a sample for the density",
+      [](const Setting& st, const std::string& v, Config* c) {
+        auto n = ParseNumber(v);
+        if (!n.ok() || *n < 0) return Reject(st, v, "expected a number >= 0");
+        c->threshold = *n;
+        return Status::Ok();
+      });
+  add("error-feedback", "SPARSYNC_ERROR_FEEDBACK", "auto",
+      "keep what was not sent and add it next step: auto (on for topk, randomk, threshold, "
+      "gaussiank; off for wangni, which is unbiased, and dgc, which accumulates itself), 1 or 0",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v == "auto") {
+          c->error_feedback = -1;
+        } else if (v == "1" || v == "0") {
+          c->error_feedback = v == "1";
+        } else {
+          return Reject(st, v, "accepted values: auto, 1, 0");
+        }
+        return Status::Ok();
+      });
+  add("value-dtype", "SPARSYNC_VALUE_DTYPE", "float32",
+      "type of the sent values: float32 or float16",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v == "float32" || v == "float16") {
+          c->value_dtype = v == "float32" ? ValueDType::kFloat32 : ValueDType::kFloat16;
           return Status::Ok();
         }
-        return Reject(st, v, "accepted values: none");
+        return Reject(st, v, "accepted values: float32, float16");
+      });
+  add("index-coding", "SPARSYNC_INDEX_CODING", "delta",
+      "coding of the sent indices: raw (int32) or delta (gaps as varints)",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v == "raw" || v == "delta") {
+          c->index_coding = v == "raw" ? IndexCoding::kRaw : IndexCoding::kDelta;
+          return Status::Ok();
+        }
+        return Reject(st, v, "accepted values: raw, delta");
+      });
+  add("min-compress-bytes", "SPARSYNC_MIN_COMPRESS_BYTES", "64KiB",
+      "merge groups smaller than this are reduced dense",
+      [](const Setting& st, const std::string& v, Config* c) {
+        auto bytes = v == "0" ? Result<uint64_t>(uint64_t{0}) : ParseBytes(v);
+        if (!bytes.ok()) return Reject(st, v, "expected a byte count like 65536 or 64KiB");
+        c->min_compress_bytes = *bytes;
+        return Status::Ok();
+      });
+  add("nonfinite", "SPARSYNC_NONFINITE", "error",
+      "a NaN or Inf gradient: error (fail the job naming tensor and node) or skip (every node "
+      "drops that merge group's update for the step)",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v == "error" || v == "skip") {
+          c->nonfinite = v == "error" ? NonFinitePolicy::kError : NonFinitePolicy::kSkip;
+          return Status::Ok();
+        }
+        return Reject(st, v, "accepted values: error, skip");
+      });
+  add("seed", "SPARSYNC_SEED", "0", "job seed of the random compressors (same on every node)",
+      [](const Setting& st, const std::string& v, Config* c) {
+        auto n = ParseInteger(v);
+        if (!n.ok() || *n < 0) return Reject(st, v, "expected a non-negative integer");
+        c->seed = static_cast<uint64_t>(*n);
+        return Status::Ok();
       });
   add("merge", "SPARSYNC_MERGE", "fixed:64MiB",
       "how ready tensors are merged into groups: fixed:BYTES (e.g. fixed:64MiB)",
@@ -202,6 +280,25 @@ std::vector<Setting> Settings() {
 
 }  // namespace
 
+const char* CompressorName(Compressor c) {
+  switch (c) {
+    case Compressor::kNone: return "none";
+    case Compressor::kTopK: return "topk";
+    case Compressor::kRandomK: return "randomk";
+    case Compressor::kThreshold: return "threshold";
+    case Compressor::kGaussianK: return "gaussiank";
+    case Compressor::kWangni: return "wangni";
+    case Compressor::kDgc: return "dgc";
+  }
+  return "?";
+}
+
+bool Config::ErrorFeedback() const {
+  if (error_feedback >= 0) return error_feedback == 1;
+  return compressor != Compressor::kWangni && compressor != Compressor::kDgc &&
+         compressor != Compressor::kNone;
+}
+
 std::chrono::milliseconds Config::timeout() const {
   return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
 }
@@ -219,7 +316,12 @@ std::string Config::Describe() const {
   std::ostringstream o;
   o << "node " << node_rank << "/" << num_nodes << ", " << local_size
     << " worker(s) per node, coordinator " << coordinator << ", listen " << listen
-    << ", socket " << socket_path << ", compressor none, merge fixed:" << merge.bucket_bytes
+    << ", socket " << socket_path << ", compressor " << CompressorName(compressor);
+  if (compressor != Compressor::kNone) {
+    o << " (density " << density << ", error feedback " << (ErrorFeedback() ? "on" : "off")
+      << ", min " << min_compress_bytes << "B)";
+  }
+  o << ", merge fixed:" << merge.bucket_bytes
     << "B, transport gloo, timeout " << timeout_s << "s";
   return o.str();
 }

@@ -12,7 +12,12 @@
 
 namespace sparsync {
 
-enum class Compressor { kNone };
+// Gradient compressors (ALGORITHMS.md §1-3). kNone: the exact dense path.
+enum class Compressor { kNone, kTopK, kRandomK, kThreshold, kGaussianK, kWangni, kDgc };
+const char* CompressorName(Compressor c);
+enum class IndexCoding { kRaw, kDelta };
+enum class ValueDType { kFloat32, kFloat16 };
+enum class NonFinitePolicy { kError, kSkip };
 enum class TransportKind { kGloo };
 
 struct MergePolicy {
@@ -29,6 +34,14 @@ struct Config {
   std::string socket_path;              // control socket; default per-user runtime dir
   std::string job_token;
   Compressor compressor = Compressor::kNone;
+  double density = 0.001;               // fraction of elements sent (rho)
+  double threshold = 0;                 // threshold compressor: fixed tau; 0 = sampled quantile
+  int error_feedback = -1;              // -1: the compressor's default (see ErrorFeedback())
+  ValueDType value_dtype = ValueDType::kFloat32;
+  IndexCoding index_coding = IndexCoding::kDelta;
+  uint64_t min_compress_bytes = 64 << 10;  // smaller merge groups go dense
+  NonFinitePolicy nonfinite = NonFinitePolicy::kError;
+  uint64_t seed = 0;                    // job seed of the random compressors
   MergePolicy merge;
   TransportKind transport = TransportKind::kGloo;
   double timeout_s = 300;
@@ -36,6 +49,9 @@ struct Config {
   double cycle_ms = 1.0;                // negotiation batching window on the coordinator
   std::string log_level = "info";
 
+  // Whether residuals are kept: on by default for the biased compressors, off for Wangni's
+  // unbiased one and for DGC (which accumulates in its own state).
+  bool ErrorFeedback() const;
   std::chrono::milliseconds timeout() const;
   std::chrono::milliseconds stall_warn() const;
   std::string CoordinatorHost() const;

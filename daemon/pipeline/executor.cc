@@ -10,13 +10,16 @@
 namespace sparsync::pipeline {
 
 Executor::Executor(World world, TensorTable* table, transport::Transport* transport, NextFn next,
-                   FailFn fail, std::chrono::milliseconds resolve_wait)
+                   FailFn fail, std::chrono::milliseconds resolve_wait,
+                   std::unique_ptr<SparseReducer> sparse, uint64_t min_compress_bytes)
     : world_(world),
       table_(table),
       transport_(transport),
       next_(std::move(next)),
       fail_(std::move(fail)),
-      resolve_wait_(resolve_wait) {}
+      resolve_wait_(resolve_wait),
+      sparse_(std::move(sparse)),
+      min_compress_bytes_(min_compress_bytes) {}
 
 Executor::~Executor() { Stop(); }
 
@@ -90,9 +93,15 @@ Status Executor::Reduce(std::vector<GroupMember>& members) {
   const double divisor =
       members.front().meta.reduce_op == SPARSYNC_REDUCE_AVERAGE ? world_.size() : 1.0;
 
+  size_t total = 0;
+  for (const GroupMember& m : members) total += static_cast<size_t>(m.meta.NumElements());
+  const bool sparse = sparse_ && members.front().meta.op == SPARSYNC_OP_GRADIENT &&
+                      acc_type == transport::ElementType::kFloat32 &&
+                      total * acc_size >= min_compress_bytes_;
+
   // One tensor, one worker, a dtype that is its own accumulator: reduce the worker's buffer in
   // place, without staging.
-  if (members.size() == 1 && world_.local_size == 1 && AccumulatesInPlace(dtype)) {
+  if (!sparse && members.size() == 1 && world_.local_size == 1 && AccumulatesInPlace(dtype)) {
     GroupMember& m = members.front();
     size_t count = static_cast<size_t>(m.meta.NumElements());
     void* data = m.parts.front().region->data();
@@ -101,8 +110,6 @@ Status Executor::Reduce(std::vector<GroupMember>& members) {
     return Status::Ok();
   }
 
-  size_t total = 0;
-  for (const GroupMember& m : members) total += static_cast<size_t>(m.meta.NumElements());
   if (fusion_.size() < total * acc_size) fusion_.resize(total * acc_size);
   std::vector<const void*> inputs(world_.local_size);
   size_t offset = 0;
@@ -112,12 +119,27 @@ Status Executor::Reduce(std::vector<GroupMember>& members) {
     SumInto(fusion_.data() + offset * acc_size, inputs, count, dtype);
     offset += count;
   }
-  SPARSYNC_RETURN_IF_ERROR(transport_->AllReduceSum(fusion_.data(), total, acc_type, tag_++));
+  double write_divisor = divisor;
+  if (sparse) {
+    std::vector<GroupSlice> slices;
+    offset = 0;
+    for (const GroupMember& m : members) {
+      size_t count = static_cast<size_t>(m.meta.NumElements());
+      slices.push_back({&m.meta.name, offset, count});
+      offset += count;
+    }
+    std::span<float> group(reinterpret_cast<float*>(fusion_.data()), total);
+    SPARSYNC_RETURN_IF_ERROR(sparse_->Reduce(slices, group, members.front().parts.front().round,
+                                             members.front().scheduled.slot, divisor, &tag_));
+    write_divisor = 1.0;  // averaged by the sparse reducer
+  } else {
+    SPARSYNC_RETURN_IF_ERROR(transport_->AllReduceSum(fusion_.data(), total, acc_type, tag_++));
+  }
   offset = 0;
   for (const GroupMember& m : members) {
     size_t count = static_cast<size_t>(m.meta.NumElements());
     for (const WorkerPart& part : m.parts) {
-      WriteBack(fusion_.data() + offset * acc_size, count, divisor, part.region->data(), dtype);
+      WriteBack(fusion_.data() + offset * acc_size, count, write_divisor, part.region->data(), dtype);
     }
     offset += count;
   }

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/pipeline/sparse_reducer.h"
 #include "daemon/pipeline/tensor_table.h"
 #include "daemon/transport/transport.h"
 
@@ -19,8 +20,11 @@ class Executor {
   using NextFn = std::function<std::vector<negotiation::ScheduleEntry>(std::chrono::milliseconds)>;
   using FailFn = std::function<void(const Status&)>;
 
+  // `sparse` (may be null: everything dense) reduces gradient groups of at least
+  // `min_compress_bytes`.
   Executor(World world, TensorTable* table, transport::Transport* transport, NextFn next,
-           FailFn fail, std::chrono::milliseconds resolve_wait);
+           FailFn fail, std::chrono::milliseconds resolve_wait,
+           std::unique_ptr<SparseReducer> sparse = nullptr, uint64_t min_compress_bytes = 0);
   ~Executor();
 
   void Start();
@@ -41,6 +45,8 @@ class Executor {
   const NextFn next_;
   const FailFn fail_;
   const std::chrono::milliseconds resolve_wait_;
+  std::unique_ptr<SparseReducer> sparse_;
+  const uint64_t min_compress_bytes_;
   uint32_t tag_ = 0;
   std::vector<char> fusion_;  // accumulator of fused groups, reused
   std::atomic<bool> stopping_{false};

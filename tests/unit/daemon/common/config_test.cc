@@ -60,7 +60,14 @@ TEST_P(ConfigRejectsTest, NamesTheVariableAndTheAcceptedValues) {
 
 INSTANTIATE_TEST_SUITE_P(
     Values, ConfigRejectsTest,
-    ::testing::Values(BadValue{"SPARSYNC_COMPRESSOR", "zip", "accepted values: none"},
+    ::testing::Values(BadValue{"SPARSYNC_COMPRESSOR", "zip", "none, topk, randomk"},
+                      BadValue{"SPARSYNC_DENSITY", "0", "(0, 1]"},
+                      BadValue{"SPARSYNC_DENSITY", "1.5", "(0, 1]"},
+                      BadValue{"SPARSYNC_ERROR_FEEDBACK", "yes", "auto, 1, 0"},
+                      BadValue{"SPARSYNC_VALUE_DTYPE", "int8", "float32, float16"},
+                      BadValue{"SPARSYNC_INDEX_CODING", "zip", "raw, delta"},
+                      BadValue{"SPARSYNC_MIN_COMPRESS_BYTES", "lots", "byte count"},
+                      BadValue{"SPARSYNC_NONFINITE", "ignore", "error, skip"},
                       BadValue{"SPARSYNC_MERGE", "fixed:-3", "fixed:BYTES"},
                       BadValue{"SPARSYNC_MERGE", "bogus", "fixed:BYTES"},
                       BadValue{"SPARSYNC_NUM_NODES", "0", "[1, 65536]"},
@@ -69,6 +76,15 @@ INSTANTIATE_TEST_SUITE_P(
                       BadValue{"SPARSYNC_TRANSPORT", "mpi", "auto, gloo"},
                       BadValue{"SPARSYNC_LOG_LEVEL", "loud", "trace, debug"},
                       BadValue{"SPARSYNC_COORDINATOR", "nohost", "host:port"}));
+
+TEST(ConfigTest, ErrorFeedbackDefaultsFollowTheCompressor) {
+  EXPECT_TRUE(Parse({"--compressor", "topk"}).config.ErrorFeedback());
+  EXPECT_TRUE(Parse({"--compressor", "randomk"}).config.ErrorFeedback());
+  EXPECT_FALSE(Parse({"--compressor", "wangni"}).config.ErrorFeedback());
+  EXPECT_FALSE(Parse({"--compressor", "dgc"}).config.ErrorFeedback());
+  EXPECT_TRUE(Parse({"--compressor", "wangni"}, {{"SPARSYNC_ERROR_FEEDBACK", "1"}}).config.ErrorFeedback());
+  EXPECT_FALSE(Parse({"--compressor", "topk", "--error-feedback", "0"}).config.ErrorFeedback());
+}
 
 TEST(ConfigTest, NodeRankMustBeBelowNodeCount) {
   ParsedConfig p = Parse({"--num-nodes", "2", "--node-rank", "2"});
@@ -84,7 +100,10 @@ TEST(ConfigTest, HelpListsEveryVariableWithItsDefault) {
   for (const char* var : {"SPARSYNC_NODE_RANK", "SPARSYNC_NUM_NODES", "SPARSYNC_COORDINATOR",
                           "SPARSYNC_LISTEN", "SPARSYNC_SOCKET", "SPARSYNC_COMPRESSOR",
                           "SPARSYNC_MERGE", "SPARSYNC_TIMEOUT_S", "SPARSYNC_STALL_WARN_S",
-                          "SPARSYNC_JOB_TOKEN", "SPARSYNC_LOG_LEVEL", "SPARSYNC_LOCAL_SIZE"}) {
+                          "SPARSYNC_JOB_TOKEN", "SPARSYNC_LOG_LEVEL", "SPARSYNC_LOCAL_SIZE",
+                          "SPARSYNC_DENSITY", "SPARSYNC_ERROR_FEEDBACK", "SPARSYNC_VALUE_DTYPE",
+                          "SPARSYNC_INDEX_CODING", "SPARSYNC_MIN_COMPRESS_BYTES",
+                          "SPARSYNC_NONFINITE"}) {
     EXPECT_NE(p.message.find(var), std::string::npos) << var;
   }
   EXPECT_NE(p.message.find("default fixed:64MiB"), std::string::npos);

@@ -185,9 +185,13 @@ TEST(CodecTest, FuzzedMessagesNeverBreakTheInvariants) {
       ASSERT_LE(r->name_len, SPARSYNC_MAX_NAME_BYTES);
       ASSERT_LT(r->dtype, SPARSYNC_DTYPE_COUNT);
       ASSERT_LT(r->op, SPARSYNC_OP_COUNT);
-      for (uint32_t i = 0; i < r->ndim; ++i) ASSERT_GE(r->shape[i], 0);
+      for (uint32_t i = 0; i < r->ndim; ++i) {
+        ASSERT_GE(r->shape[i], 0);
+      }
     }
-    if (auto* rd = std::get_if<sparsync_ready>(&*decoded)) ASSERT_GT(rd->round, 0u);
+    if (auto* rd = std::get_if<sparsync_ready>(&*decoded)) {
+      ASSERT_GT(rd->round, 0u);
+    }
   }
   // Mutations that only touch payload fields are still valid messages.
   EXPECT_GT(accepted, 0);

@@ -40,7 +40,9 @@ TEST(FixedBucketsTest, EveryIndexOnceInOrderAndNoBucketOverflows) {
         bytes += c[i].bytes;
         ASSERT_EQ(c[i].fusion_key, c[b.front()].fusion_key);
       }
-      if (b.size() > 1) ASSERT_LE(bytes, bucket);
+      if (b.size() > 1) {
+        ASSERT_LE(bytes, bucket);
+      }
     }
     ASSERT_EQ(next, c.size());
   }

@@ -1,0 +1,236 @@
+#include "daemon/pipeline/sparse_reducer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace sparsync::pipeline {
+namespace {
+
+// SplitMix64 finaliser: a seed per (job, node, step, group) for the random compressors.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+const char* KernelName(Compressor c) { return CompressorName(c); }
+
+// Index of the first non-finite element, or -1.
+int64_t FirstNonFinite(std::span<const float> x) {
+  bool all_finite = true;
+  for (float v : x) all_finite &= std::isfinite(v);  // vectorisable; the search below is rare
+  if (all_finite) return -1;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+const std::string& SliceName(std::span<const GroupSlice> slices, int64_t element) {
+  for (const GroupSlice& s : slices) {
+    if (static_cast<size_t>(element) < s.offset + s.count) return *s.name;
+  }
+  return *slices.back().name;
+}
+
+struct SizeRecord {
+  uint64_t payload_bytes;
+  uint64_t nonfinite;  // 1: this node's group held NaN/Inf (skip policy)
+};
+
+}  // namespace
+
+Result<std::unique_ptr<SparseReducer>> SparseReducer::Create(const Config& config, int node_rank,
+                                                             int num_nodes,
+                                                             transport::Transport* transport) {
+  kernels::SparsifierOptions options;
+  options.density = config.density;
+  options.threshold = config.threshold;
+  options.shared_seed = config.compressor == Compressor::kRandomK;
+  options.warmup = false;  // the daemon does not know epochs; see the note in README
+  auto sparsifier = kernels::MakeSparsifier(KernelName(config.compressor), options);
+  if (!sparsifier.ok()) {
+    return InvalidArgument("SPARSYNC_COMPRESSOR=" + std::string(KernelName(config.compressor)) +
+                           ": " + sparsifier.status().message());
+  }
+  return std::unique_ptr<SparseReducer>(
+      new SparseReducer(config, node_rank, num_nodes, transport, std::move(*sparsifier)));
+}
+
+SparseReducer::SparseReducer(const Config& config, int node_rank, int num_nodes,
+                             transport::Transport* transport,
+                             std::unique_ptr<kernels::Sparsifier> sparsifier)
+    : config_(config),
+      node_rank_(node_rank),
+      num_nodes_(num_nodes),
+      transport_(transport),
+      sparsifier_(std::move(sparsifier)),
+      index_coding_(config.index_coding == sparsync::IndexCoding::kRaw ? IndexCoding::kRaw32
+                                                                        : IndexCoding::kDeltaVarint),
+      value_coding_(config.compressor == Compressor::kWangni ? ValueCoding::kSignScale
+                    : config.value_dtype == ValueDType::kFloat16 ? ValueCoding::kFloat16
+                                                                 : ValueCoding::kFloat32) {}
+
+Status SparseReducer::Select(std::span<const float> work, uint64_t step, uint32_t group_id) {
+  const int64_t n = static_cast<int64_t>(work.size());
+  if (n > prepared_) {
+    auto st = sparsifier_->Prepare(n, kernels::DType::kFloat32);
+    if (!st.ok()) return Internal("preparing the sparsifier: " + st.message());
+    prepared_ = n;
+  }
+  const int64_t capacity = sparsifier_->MaxSelected(n);
+  if (static_cast<int64_t>(indices_.size()) < capacity) {
+    indices_.resize(capacity);
+    values_.resize(capacity);
+  }
+  kernels::SparseView out{indices_.data(), values_.data(), capacity, 0};
+  kernels::SparsifyContext ctx;
+  ctx.seed = Mix(Mix(Mix(config_.seed) ^ static_cast<uint64_t>(node_rank_)) ^ step) ^ group_id;
+  ctx.shared_seed = Mix(Mix(config_.seed) ^ step) ^ group_id;
+  ctx.step = static_cast<int64_t>(step);
+  ctx.dgc_state = &dgc_;
+  auto st = sparsifier_->Sparsify({work.data(), n, kernels::DType::kFloat32}, &out, ctx);
+  if (!st.ok()) return Internal("sparsifying: " + st.message());
+  indices_.resize(out.k);
+  values_.resize(out.k);
+  return Status::Ok();
+}
+
+Status SparseReducer::Reduce(std::span<const GroupSlice> slices, std::span<float> group,
+                             uint64_t step, uint32_t group_id, double divisor, uint32_t* tag) {
+  const size_t n = group.size();
+  int64_t bad = FirstNonFinite(group);
+  if (bad >= 0 && config_.nonfinite == NonFinitePolicy::kError) {
+    return InvalidArgument("tensor '" + SliceName(slices, bad) + "' holds a non-finite gradient (" +
+                           std::to_string(group[bad]) + ") on node " + std::to_string(node_rank_) +
+                           "; set SPARSYNC_NONFINITE=skip to drop such steps instead");
+  }
+  const bool finite = bad < 0;
+  const bool dgc = config_.compressor == Compressor::kDgc;
+  work_.assign(group.begin(), group.end());
+  if (finite) {
+    if (config_.ErrorFeedback()) state_.AddTo(TensorState::Kind::kResidual, slices, work_);
+    if (dgc) {
+      dgc_.momentum.resize(n);
+      dgc_.accumulation.resize(n);
+      state_.Load(TensorState::Kind::kMomentum, slices, dgc_.momentum);
+      state_.Load(TensorState::Kind::kAccumulation, slices, dgc_.accumulation);
+    }
+    SPARSYNC_RETURN_IF_ERROR(Select(work_, step, group_id));
+  } else {
+    indices_.clear();
+    values_.clear();
+  }
+
+  bool skip = false;
+  if (config_.compressor == Compressor::kRandomK) {
+    SPARSYNC_RETURN_IF_ERROR(ExchangeSharedIndices(slices, group, finite, tag, &skip));
+  } else {
+    SPARSYNC_RETURN_IF_ERROR(ExchangeAllGather(slices, group, finite, tag, &skip));
+  }
+  if (skip) {
+    // Some node saw NaN/Inf: every node drops this group's update for the step. A finite node
+    // keeps everything it would have sent in its residual, so nothing is lost.
+    std::fill(group.begin(), group.end(), 0.0f);
+    if (finite && config_.ErrorFeedback()) state_.Store(TensorState::Kind::kResidual, slices, work_);
+    if (!finite) {
+      spdlog::warn("tensor '{}' holds a non-finite gradient on node {}: the step's update of its "
+                   "merge group is dropped on every node (SPARSYNC_NONFINITE=skip)",
+                   SliceName(slices, bad), node_rank_);
+    }
+    return Status::Ok();
+  }
+  if (dgc) {
+    state_.Store(TensorState::Kind::kMomentum, slices, dgc_.momentum);
+    state_.Store(TensorState::Kind::kAccumulation, slices, dgc_.accumulation);
+  }
+  if (divisor != 1.0) {
+    const float d = static_cast<float>(divisor);
+    for (float& x : group) x /= d;
+  }
+  return Status::Ok();
+}
+
+void SparseReducer::KeepResidual(std::span<const GroupSlice> slices, std::span<float> work,
+                                 std::span<const float> sent_values) {
+  // residual = what was to be sent minus what the other nodes will decode.
+  for (size_t j = 0; j < indices_.size(); ++j) work[indices_[j]] -= sent_values[j];
+  state_.Store(TensorState::Kind::kResidual, slices, work);
+}
+
+Status SparseReducer::ExchangeAllGather(std::span<const GroupSlice> slices, std::span<float> group,
+                                        bool locally_finite, uint32_t* tag, bool* skip) {
+  const int64_t n = static_cast<int64_t>(group.size());
+  size_t mine = 0;
+  if (locally_finite) {
+    payload_.resize(MaxEncodedBytes(n, static_cast<int64_t>(indices_.size()), index_coding_,
+                                    value_coding_));
+    auto written = Encode({n, indices_, values_}, index_coding_, value_coding_, payload_);
+    if (!written.ok()) return written.status().WithContext("encoding a sparse payload");
+    mine = *written;
+  }
+  std::vector<SizeRecord> sizes(num_nodes_);
+  SizeRecord me{mine, locally_finite ? 0u : 1u};
+  std::vector<size_t> record_bytes(num_nodes_, sizeof(SizeRecord));
+  SPARSYNC_RETURN_IF_ERROR(
+      transport_->AllGatherV(&me, sizeof(me), sizes.data(), record_bytes, (*tag)++));
+  std::vector<size_t> payload_bytes(num_nodes_);
+  size_t total = 0;
+  for (int r = 0; r < num_nodes_; ++r) {
+    *skip = *skip || sizes[r].nonfinite != 0;
+    payload_bytes[r] = sizes[r].payload_bytes;
+    total += payload_bytes[r];
+  }
+  if (*skip) return Status::Ok();
+  gathered_.resize(total);
+  SPARSYNC_RETURN_IF_ERROR(
+      transport_->AllGatherV(payload_.data(), mine, gathered_.data(), payload_bytes, (*tag)++));
+  payload_bytes_sent_ += mine;
+  if (config_.ErrorFeedback()) {
+    // What the peers decode from our payload, exactly (float16 rounding, Wangni's shared scale).
+    auto ours = Decode(std::span<const uint8_t>(payload_.data(), mine));
+    if (!ours.ok()) return ours.status().WithContext("decoding our own payload");
+    KeepResidual(slices, work_, ours->values);
+  }
+  std::fill(group.begin(), group.end(), 0.0f);
+  size_t offset = 0;
+  for (int r = 0; r < num_nodes_; ++r) {
+    auto st = DecodeAdd(std::span<const uint8_t>(gathered_.data() + offset, payload_bytes[r]), n,
+                        group);
+    if (!st.ok()) return st.WithContext("payload of node " + std::to_string(r));
+    offset += payload_bytes[r];
+  }
+  return Status::Ok();
+}
+
+Status SparseReducer::ExchangeSharedIndices(std::span<const GroupSlice> slices,
+                                            std::span<float> group, bool locally_finite,
+                                            uint32_t* tag, bool* skip) {
+  // Every node selected the same indices (the seed is shared), so the k values are summed with a
+  // dense allreduce. A first round agrees on k and on the non-finite flag.
+  const uint64_t k = indices_.size();
+  uint64_t me[2] = {k, locally_finite ? 0u : 1u};
+  std::vector<uint64_t> all(2 * num_nodes_);
+  std::vector<size_t> record_bytes(num_nodes_, sizeof(me));
+  SPARSYNC_RETURN_IF_ERROR(
+      transport_->AllGatherV(me, sizeof(me), all.data(), record_bytes, (*tag)++));
+  for (int r = 0; r < num_nodes_; ++r) *skip = *skip || all[2 * r + 1] != 0;
+  if (*skip) return Status::Ok();
+  for (int r = 0; r < num_nodes_; ++r) {
+    if (all[2 * r] != k) return Internal("shared-seed random-k chose a different k on node " + std::to_string(r));
+  }
+  std::vector<float> sums(values_.begin(), values_.end());
+  SPARSYNC_RETURN_IF_ERROR(
+      transport_->AllReduceSum(sums.data(), k, transport::ElementType::kFloat32, (*tag)++));
+  payload_bytes_sent_ += k * sizeof(float);
+  if (config_.ErrorFeedback()) KeepResidual(slices, work_, values_);  // float32: sent exactly
+  std::fill(group.begin(), group.end(), 0.0f);
+  for (size_t j = 0; j < k; ++j) group[indices_[j]] = sums[j];
+  return Status::Ok();
+}
+
+}  // namespace sparsync::pipeline
