@@ -1,0 +1,35 @@
+"""Worker: 30 steps of DistributedOptimizer on a small classifier with whatever compressor the
+daemons were started with; writes its loss history and final parameters."""
+
+import json
+import os
+
+import numpy as np
+import torch
+
+import sparsync.torch as hvd
+
+torch.set_num_threads(1)
+hvd.init()
+r = hvd.rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2),
+                               named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+teacher = torch.randn(128, 10, generator=torch.Generator().manual_seed(99))
+x = torch.randn(256, 128, generator=torch.Generator().manual_seed(r))
+y = (x @ teacher).argmax(1)
+losses = []
+for step in range(30):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+out = os.environ["OUT_DIR"]
+np.savez(os.path.join(out, "rank%d.npz" % r),
+         **{k: v.detach().numpy() for k, v in model.state_dict().items()})
+with open(os.path.join(out, "rank%d.json" % r), "w") as f:
+    json.dump(losses, f)
+hvd.shutdown()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): installs the dependencies, builds with warnings as errors,
+# runs every GoogleTest suite (ctest), the daemon and kernel suites again under AddressSanitizer
+# and UBSan, and the multi-process pytest suite with real daemons.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+
+bash deploy/install_deps.sh
+
+echo "== build"
+cmake -S . -B build -G Ninja -DSPARSYNC_WERROR=ON
+cmake --build build
+
+echo "== GoogleTest (ctest)"
+ctest --test-dir build --output-on-failure -j2
+
+echo "== GoogleTest under AddressSanitizer + UBSan"
+cmake -S . -B build-asan -G Ninja -DSPARSYNC_SANITIZE=ON -DSPARSYNC_BUILD_BENCH=OFF -DSPARSYNC_WERROR=ON
+cmake --build build-asan --target daemon_test kernels_test
+UBSAN_OPTIONS=halt_on_error=1 build-asan/tests/unit/daemon_test --gtest_brief=1
+UBSAN_OPTIONS=halt_on_error=1 build-asan/kernels/kernels_test --gtest_brief=1
+
+echo "== pytest (multi-process, real daemons)"
+.venv/bin/python -m pytest tests/integration -q

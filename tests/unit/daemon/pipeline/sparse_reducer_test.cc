@@ -1,0 +1,197 @@
+// The sparse exchange with nodes as threads over the loopback transport.
+#include "daemon/pipeline/sparse_reducer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "daemon/transport/loopback/loopback_transport.h"
+
+namespace sparsync::pipeline {
+namespace {
+
+struct Case {
+  Compressor compressor;
+  int nodes;
+  ValueDType value_dtype = ValueDType::kFloat32;
+  sparsync::IndexCoding index = sparsync::IndexCoding::kDelta;
+};
+
+std::string Name(const ::testing::TestParamInfo<Case>& info) {
+  std::string n = std::string(CompressorName(info.param.compressor)) + "_" +
+                  std::to_string(info.param.nodes) + "nodes";
+  if (info.param.value_dtype == ValueDType::kFloat16) n += "_fp16";
+  if (info.param.index == sparsync::IndexCoding::kRaw) n += "_raw";
+  return n;
+}
+
+// Two tensors of one merge group: 3000 + 1000 elements.
+const std::string kA = "layer.weight", kB = "layer.bias";
+const std::vector<GroupSlice> kSlices = {{&kA, 0, 3000}, {&kB, 3000, 1000}};
+constexpr size_t kNumel = 4000;
+constexpr int kSteps = 12;
+
+std::vector<float> Gradient(int node, int step) {
+  std::mt19937 rng(1000 * node + step);
+  std::student_t_distribution<float> heavy(2.0f);  // heavy tails, like real gradients
+  std::vector<float> g(kNumel);
+  for (float& x : g) x = heavy(rng) * 0.01f;
+  return g;
+}
+
+class SparseReducerTest : public ::testing::TestWithParam<Case> {
+ protected:
+  // Runs kSteps on every node; returns each node's results (per step) and final reducers.
+  void Run(std::vector<std::vector<std::vector<float>>>* results,
+           std::vector<std::unique_ptr<SparseReducer>>* reducers, Config config) {
+    const int n = GetParam().nodes;
+    auto hub = std::make_shared<transport::LoopbackHub>(n);
+    std::vector<std::unique_ptr<transport::LoopbackTransport>> transports;
+    results->assign(n, {});
+    reducers->resize(n);
+    for (int r = 0; r < n; ++r) {
+      transports.push_back(std::make_unique<transport::LoopbackTransport>(hub, r));
+      auto created = SparseReducer::Create(config, r, n, transports[r].get());
+      ASSERT_TRUE(created.ok()) << created.status().ToString();
+      (*reducers)[r] = std::move(*created);
+    }
+    std::vector<std::thread> threads;
+    std::vector<Status> errors(n);
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        uint32_t tag = 0;
+        for (int step = 1; step <= kSteps; ++step) {
+          std::vector<float> g = Gradient(r, step);
+          Status st = (*reducers)[r]->Reduce(kSlices, g, step, 7, 1.0, &tag);
+          if (!st.ok()) {
+            errors[r] = st;
+            hub->Abort(st);
+            return;
+          }
+          (*results)[r].push_back(std::move(g));
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n; ++r) ASSERT_TRUE(errors[r].ok()) << errors[r].ToString();
+  }
+
+  Config MakeConfig() {
+    Config c;
+    c.compressor = GetParam().compressor;
+    c.density = 0.01;
+    c.value_dtype = GetParam().value_dtype;
+    c.index_coding = GetParam().index;
+    c.seed = 5;
+    return c;
+  }
+};
+
+TEST_P(SparseReducerTest, EveryNodeHoldsTheSameBits) {
+  std::vector<std::vector<std::vector<float>>> results;
+  std::vector<std::unique_ptr<SparseReducer>> reducers;
+  Run(&results, &reducers, MakeConfig());
+  for (size_t r = 1; r < results.size(); ++r) {
+    for (int s = 0; s < kSteps; ++s) {
+      ASSERT_EQ(0, std::memcmp(results[r][s].data(), results[0][s].data(), kNumel * sizeof(float)))
+          << "node " << r << " step " << s;
+    }
+  }
+  // Something was sent, and far less than dense.
+  size_t nonzero = 0;
+  for (float x : results[0].back()) nonzero += x != 0.0f;
+  EXPECT_GT(nonzero, 0u);
+  EXPECT_LT(nonzero, kNumel / 4);
+}
+
+// Error feedback loses nothing: over all nodes and steps, the summed results (what was sent) plus
+// the final residuals equal the summed gradients.
+TEST_P(SparseReducerTest, SentPlusResidualEqualsTheGradients) {
+  Config config = MakeConfig();
+  if (!config.ErrorFeedback()) GTEST_SKIP() << "no residuals for " << CompressorName(config.compressor);
+  std::vector<std::vector<std::vector<float>>> results;
+  std::vector<std::unique_ptr<SparseReducer>> reducers;
+  Run(&results, &reducers, config);
+  const int n = GetParam().nodes;
+  std::vector<double> gradients(kNumel, 0.0), accounted(kNumel, 0.0);
+  for (int r = 0; r < n; ++r) {
+    for (int step = 1; step <= kSteps; ++step) {
+      auto g = Gradient(r, step);
+      for (size_t i = 0; i < kNumel; ++i) gradients[i] += g[i];
+    }
+    for (const auto& slice : kSlices) {
+      auto residual = reducers[r]->state().Get(TensorState::Kind::kResidual, *slice.name);
+      ASSERT_EQ(residual.size(), slice.count);
+      for (size_t i = 0; i < slice.count; ++i) accounted[slice.offset + i] += residual[i];
+    }
+  }
+  for (int s = 0; s < kSteps; ++s) {
+    for (size_t i = 0; i < kNumel; ++i) accounted[i] += results[0][s][i];  // sum over nodes
+  }
+  double worst = 0;
+  for (size_t i = 0; i < kNumel; ++i) worst = std::max(worst, std::abs(accounted[i] - gradients[i]));
+  EXPECT_LT(worst, 1e-4) << "mass lost or invented by error feedback";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Compressors, SparseReducerTest,
+    ::testing::Values(Case{Compressor::kTopK, 1}, Case{Compressor::kTopK, 3},
+                      Case{Compressor::kTopK, 4, ValueDType::kFloat16},
+                      Case{Compressor::kTopK, 2, ValueDType::kFloat32, sparsync::IndexCoding::kRaw},
+                      Case{Compressor::kRandomK, 3}, Case{Compressor::kThreshold, 2},
+                      Case{Compressor::kGaussianK, 3}, Case{Compressor::kWangni, 3},
+                      Case{Compressor::kDgc, 2}),
+    Name);
+
+TEST(SparseReducerNonFiniteTest, ErrorNamesTheTensorAndNode) {
+  Config c;
+  c.compressor = Compressor::kTopK;
+  auto hub = std::make_shared<transport::LoopbackHub>(1);
+  transport::LoopbackTransport t(hub, 0);
+  auto reducer = SparseReducer::Create(c, 0, 1, &t);
+  ASSERT_TRUE(reducer.ok());
+  std::vector<float> g(kNumel, 1.0f);
+  g[3500] = NAN;
+  uint32_t tag = 0;
+  Status st = (*reducer)->Reduce(kSlices, g, 1, 1, 1.0, &tag);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("layer.bias"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("node 0"), std::string::npos) << st.message();
+}
+
+TEST(SparseReducerNonFiniteTest, SkipDropsTheGroupOnEveryNodeAndKeepsTheFiniteResiduals) {
+  Config c;
+  c.compressor = Compressor::kTopK;
+  c.nonfinite = NonFinitePolicy::kSkip;
+  auto hub = std::make_shared<transport::LoopbackHub>(2);
+  std::vector<std::vector<float>> out(2);
+  std::vector<std::unique_ptr<SparseReducer>> reducers(2);
+  std::vector<std::unique_ptr<transport::LoopbackTransport>> ts;
+  for (int r = 0; r < 2; ++r) {
+    ts.push_back(std::make_unique<transport::LoopbackTransport>(hub, r));
+    reducers[r] = SparseReducer::Create(c, r, 2, ts[r].get()).value();
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<float> g(kNumel, 0.5f);
+      if (r == 1) g[10] = INFINITY;
+      uint32_t tag = 0;
+      ASSERT_TRUE(reducers[r]->Reduce(kSlices, g, 1, 1, 2.0, &tag).ok());
+      out[r] = g;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    for (float x : out[r]) ASSERT_EQ(x, 0.0f);
+  }
+  auto kept = reducers[0]->state().Get(TensorState::Kind::kResidual, kA);
+  ASSERT_EQ(kept.size(), 3000u);
+  EXPECT_EQ(kept[0], 0.5f) << "the finite node keeps its whole gradient for later";
+}
+
+}  // namespace
+}  // namespace sparsync::pipeline
