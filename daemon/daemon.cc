@@ -90,18 +90,18 @@ Status Daemon::Start() {
       link_, config_.node_rank, /*direct=*/core_ != nullptr,
       [this](const std::string& name, uint32_t slot) { table_->BindSlot(name, slot); },
       LivenessWindow(config_));
-  std::unique_ptr<pipeline::SparseReducer> sparse;
   if (config_.compressor != Compressor::kNone) {
-    auto created = pipeline::SparseReducer::Create(config_, config_.node_rank, config_.num_nodes,
-                                                   transport_.get());
-    if (!created.ok()) return created.status();
-    sparse = std::move(*created);
+    // Fail at start, not at the first gradient, if the compressor cannot be built.
+    auto probe = pipeline::SparseReducer::Create(config_, config_.node_rank, config_.num_nodes,
+                                                 transport_.get());
+    if (!probe.ok()) return probe.status();
   }
   executor_ = std::make_unique<pipeline::Executor>(
       world, table_.get(), transport_.get(),
       [this](std::chrono::milliseconds wait) { return agent_->Next(wait); },
       [this](const Status& error) { agent_->Fail(error); }, std::chrono::seconds(10),
-      std::move(sparse), config_.min_compress_bytes);
+      std::make_unique<pipeline::SparseReducers>(config_, config_.node_rank, config_.num_nodes,
+                                                 transport_.get()));
   agent_->Start();
   executor_->Start();
   intake_ = std::make_unique<intake::IntakeServer>(config_.socket_path, config_.node_rank,

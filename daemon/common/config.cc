@@ -137,18 +137,19 @@ std::vector<Setting> Settings() {
         return Status::Ok();
       });
   add("compressor", "SPARSYNC_COMPRESSOR", "none",
-      "gradient compressor: none, topk, randomk, threshold, gaussiank, wangni or dgc",
+      "gradient compressor: none, topk, randomk, threshold, gaussiank, wangni, dgc or gtopk",
       [](const Setting& st, const std::string& v, Config* c) {
         for (Compressor k : {Compressor::kNone, Compressor::kTopK, Compressor::kRandomK,
                              Compressor::kThreshold, Compressor::kGaussianK, Compressor::kWangni,
-                             Compressor::kDgc}) {
+                             Compressor::kDgc, Compressor::kGTopK}) {
           if (v == CompressorName(k)) {
             c->compressor = k;
             return Status::Ok();
           }
         }
         return Reject(st, v,
-                      "accepted values: none, topk, randomk, threshold, gaussiank, wangni, dgc");
+                      "accepted values: none, topk, randomk, threshold, gaussiank, wangni, dgc, "
+                      "gtopk");
       });
   add("density", "SPARSYNC_DENSITY", "0.001",
       "fraction of a merge group's elements a compressor sends, in (0, 1]",
@@ -289,6 +290,7 @@ const char* CompressorName(Compressor c) {
     case Compressor::kGaussianK: return "gaussiank";
     case Compressor::kWangni: return "wangni";
     case Compressor::kDgc: return "dgc";
+    case Compressor::kGTopK: return "gtopk";
   }
   return "?";
 }

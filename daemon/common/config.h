@@ -13,7 +13,7 @@
 namespace sparsync {
 
 // Gradient compressors (ALGORITHMS.md §1-3). kNone: the exact dense path.
-enum class Compressor { kNone, kTopK, kRandomK, kThreshold, kGaussianK, kWangni, kDgc };
+enum class Compressor { kNone, kTopK, kRandomK, kThreshold, kGaussianK, kWangni, kDgc, kGTopK };
 const char* CompressorName(Compressor c);
 enum class IndexCoding { kRaw, kDelta };
 enum class ValueDType { kFloat32, kFloat16 };

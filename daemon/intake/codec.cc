@@ -71,6 +71,21 @@ Status ValidateRegister(const sparsync_register_msg& r) {
   if (r.op == SPARSYNC_OP_GRADIENT && !floating) {
     return InvalidArgument("gradients must be floating-point");
   }
+  if (r.compressor >= SPARSYNC_COMPRESSOR_COUNT) {
+    return InvalidArgument("unknown compressor " + std::to_string(r.compressor));
+  }
+  if (r.reserved[0] || r.reserved[1] || r.reserved[2]) {
+    return InvalidArgument("reserved register fields are not 0");
+  }
+  if (!(r.density >= 0.0f && r.density <= 1.0f)) {  // also rejects NaN
+    return InvalidArgument("density must be in [0, 1] (0: the daemon's SPARSYNC_DENSITY)");
+  }
+  if (r.op != SPARSYNC_OP_GRADIENT &&
+      (r.compressor != SPARSYNC_COMPRESSOR_DEFAULT || r.density != 0.0f)) {
+    return InvalidArgument("only gradients are compressed: explicit " +
+                           std::string(r.op == SPARSYNC_OP_ALLREDUCE ? "allreduce" : "collectives") +
+                           " are always exact");
+  }
   if (r.op == SPARSYNC_OP_BROADCAST && r.root_rank < 0) {
     return InvalidArgument("negative broadcast root rank");
   }

@@ -1,6 +1,7 @@
 #include "daemon/negotiation/coordinator_state.h"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "daemon/planning/fusion.h"
@@ -11,7 +12,11 @@ namespace {
 
 uint64_t FusionKey(const TensorMeta& m) {
   if (m.op != SPARSYNC_OP_ALLREDUCE && m.op != SPARSYNC_OP_GRADIENT) return planning::kNeverFuse;
-  return (uint64_t{m.op} << 16) | (uint64_t{m.dtype} << 8) | m.reduce_op;
+  // Tensors fuse only if they are reduced the same way: op, dtype, reduce op and compressor.
+  uint32_t density_bits;
+  std::memcpy(&density_bits, &m.density, sizeof(density_bits));
+  return (uint64_t{density_bits} << 32) | (uint64_t{m.compressor} << 24) |
+         (uint64_t{m.op} << 16) | (uint64_t{m.dtype} << 8) | m.reduce_op;
 }
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }

@@ -39,6 +39,8 @@ void ToProto(const TensorMeta& in, v1::TensorMeta* out) {
   out->set_reduce_op(in.reduce_op);
   out->set_root_rank(in.root_rank);
   for (int64_t d : in.shape) out->add_shape(d);
+  out->set_compressor(in.compressor);
+  out->set_density(in.density);
 }
 
 TensorMeta FromProto(const v1::TensorMeta& in) {
@@ -49,6 +51,8 @@ TensorMeta FromProto(const v1::TensorMeta& in) {
   m.reduce_op = in.reduce_op();
   m.root_rank = in.root_rank();
   m.shape.assign(in.shape().begin(), in.shape().end());
+  m.compressor = in.compressor();
+  m.density = in.density();
   return m;
 }
 

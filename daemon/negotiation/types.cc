@@ -59,7 +59,7 @@ std::string ShapeText(const std::vector<int64_t>& shape, bool skip_dim0) {
 std::string TensorMeta::SignatureKey() const {
   std::ostringstream o;
   o << name << '\0' << op << ':' << dtype << ':' << reduce_op << ':' << root_rank << ':'
-    << ShapeText(shape, op == SPARSYNC_OP_ALLGATHER);
+    << ShapeText(shape, op == SPARSYNC_OP_ALLGATHER) << ':' << compressor << ':' << density;
   return o.str();
 }
 
@@ -68,6 +68,8 @@ std::string TensorMeta::Describe() const {
   o << "op " << OpName(op) << ", dtype " << DTypeName(dtype) << ", shape "
     << ShapeText(shape, op == SPARSYNC_OP_ALLGATHER);
   if (op == SPARSYNC_OP_BROADCAST) o << ", root rank " << root_rank;
+  if (compressor != SPARSYNC_COMPRESSOR_DEFAULT) o << ", compressor #" << compressor;
+  if (density != 0) o << ", density " << density;
   if (op == SPARSYNC_OP_ALLREDUCE || op == SPARSYNC_OP_GRADIENT) {
     o << ", reduce " << (reduce_op == SPARSYNC_REDUCE_SUM ? "sum" : "average");
   }

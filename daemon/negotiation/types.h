@@ -20,6 +20,8 @@ struct TensorMeta {
   uint32_t reduce_op = 0;  // sparsync_reduce_op
   int32_t root_rank = 0;
   std::vector<int64_t> shape;
+  uint32_t compressor = 0;  // sparsync_compressor (GRADIENT only; 0: the daemon's)
+  float density = 0;        // 0: the daemon's
 
   // Equal keys <=> same tensor on every node. ALLGATHER ignores the first dimension.
   std::string SignatureKey() const;

@@ -11,15 +11,14 @@ namespace sparsync::pipeline {
 
 Executor::Executor(World world, TensorTable* table, transport::Transport* transport, NextFn next,
                    FailFn fail, std::chrono::milliseconds resolve_wait,
-                   std::unique_ptr<SparseReducer> sparse, uint64_t min_compress_bytes)
+                   std::unique_ptr<SparseReducers> sparse)
     : world_(world),
       table_(table),
       transport_(transport),
       next_(std::move(next)),
       fail_(std::move(fail)),
       resolve_wait_(resolve_wait),
-      sparse_(std::move(sparse)),
-      min_compress_bytes_(min_compress_bytes) {}
+      sparse_(std::move(sparse)) {}
 
 Executor::~Executor() { Stop(); }
 
@@ -95,9 +94,14 @@ Status Executor::Reduce(std::vector<GroupMember>& members) {
 
   size_t total = 0;
   for (const GroupMember& m : members) total += static_cast<size_t>(m.meta.NumElements());
-  const bool sparse = sparse_ && members.front().meta.op == SPARSYNC_OP_GRADIENT &&
-                      acc_type == transport::ElementType::kFloat32 &&
-                      total * acc_size >= min_compress_bytes_;
+  SparseReducer* sparse = nullptr;
+  if (sparse_ && members.front().meta.op == SPARSYNC_OP_GRADIENT &&
+      acc_type == transport::ElementType::kFloat32 &&
+      total * acc_size >= sparse_->min_compress_bytes()) {
+    // Fused tensors share their compressor (it is part of the fusion key).
+    SPARSYNC_ASSIGN_OR_RETURN(sparse, sparse_->For(members.front().meta.compressor,
+                                                   members.front().meta.density));
+  }
 
   // One tensor, one worker, a dtype that is its own accumulator: reduce the worker's buffer in
   // place, without staging.
@@ -129,7 +133,7 @@ Status Executor::Reduce(std::vector<GroupMember>& members) {
       offset += count;
     }
     std::span<float> group(reinterpret_cast<float*>(fusion_.data()), total);
-    SPARSYNC_RETURN_IF_ERROR(sparse_->Reduce(slices, group, members.front().parts.front().round,
+    SPARSYNC_RETURN_IF_ERROR(sparse->Reduce(slices, group, members.front().parts.front().round,
                                              members.front().scheduled.slot, divisor, &tag_));
     write_divisor = 1.0;  // averaged by the sparse reducer
   } else {

@@ -20,11 +20,11 @@ class Executor {
   using NextFn = std::function<std::vector<negotiation::ScheduleEntry>(std::chrono::milliseconds)>;
   using FailFn = std::function<void(const Status&)>;
 
-  // `sparse` (may be null: everything dense) reduces gradient groups of at least
-  // `min_compress_bytes`.
+  // `sparse` (may be null: everything dense) reduces gradient groups of at least its
+  // min_compress_bytes() whose tensors ask for a compressor.
   Executor(World world, TensorTable* table, transport::Transport* transport, NextFn next,
            FailFn fail, std::chrono::milliseconds resolve_wait,
-           std::unique_ptr<SparseReducer> sparse = nullptr, uint64_t min_compress_bytes = 0);
+           std::unique_ptr<SparseReducers> sparse = nullptr);
   ~Executor();
 
   void Start();
@@ -45,8 +45,7 @@ class Executor {
   const NextFn next_;
   const FailFn fail_;
   const std::chrono::milliseconds resolve_wait_;
-  std::unique_ptr<SparseReducer> sparse_;
-  const uint64_t min_compress_bytes_;
+  std::unique_ptr<SparseReducers> sparse_;
   uint32_t tag_ = 0;
   std::vector<char> fusion_;  // accumulator of fused groups, reused
   std::atomic<bool> stopping_{false};

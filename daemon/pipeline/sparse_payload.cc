@@ -363,9 +363,11 @@ void ForEachCoordinate(const Layout& l, Fn fn) {
 
 size_t MaxEncodedBytes(int64_t numel, int64_t k, IndexCoding index_coding,
                        ValueCoding value_coding) {
-  (void)numel;  // the bound holds for any index pattern
   const uint64_t kk = k > 0 ? static_cast<uint64_t>(k) : 0;
-  const size_t index_bytes = (index_coding == IndexCoding::kRaw32 ? 4 : 5) * kk;
+  // Every varint codes a value <= numel - 1 (a gap minus one, or the first index).
+  const size_t varint_bytes =
+      numel >= 1 && numel <= kMaxNumel ? VarintBytes(static_cast<uint32_t>(numel - 1)) : 5;
+  const size_t index_bytes = (index_coding == IndexCoding::kRaw32 ? 4 : varint_bytes) * kk;
   // kSignScale: at most k - 1 full coordinates, but k full is a simpler bound.
   const size_t value_bytes = value_coding == ValueCoding::kSignScale
                                  ? 4 * kk + 2 * BitmapBytes(kk)

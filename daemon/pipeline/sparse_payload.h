@@ -71,8 +71,8 @@ struct SparseTensor {
 };
 
 // An upper bound on Encode's output for `k` coordinates of a tensor of `numel` elements (any
-// index pattern). Encode never writes more. 0 <= k <= numel is assumed; other inputs give the
-// bound for max(k, 0).
+// index pattern); Encode never writes more. Inputs outside 0 <= k <= numel <= kMaxNumel give a
+// bound for max(k, 0) coordinates of any tensor.
 size_t MaxEncodedBytes(int64_t numel, int64_t k, IndexCoding index_coding,
                        ValueCoding value_coding);
 

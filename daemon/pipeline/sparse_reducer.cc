@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "daemon/pipeline/gtopk.h"
+#include "proto/intake/wire.h"
+
 namespace sparsync::pipeline {
 namespace {
 
@@ -17,7 +20,10 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-const char* KernelName(Compressor c) { return CompressorName(c); }
+// gTop-k selects locally with the top-k kernel; the global selection is the exchange's.
+const char* KernelName(Compressor c) {
+  return c == Compressor::kGTopK ? "topk" : CompressorName(c);
+}
 
 // Index of the first non-finite element, or -1.
 int64_t FirstNonFinite(std::span<const float> x) {
@@ -56,6 +62,11 @@ Result<std::unique_ptr<SparseReducer>> SparseReducer::Create(const Config& confi
   if (!sparsifier.ok()) {
     return InvalidArgument("SPARSYNC_COMPRESSOR=" + std::string(KernelName(config.compressor)) +
                            ": " + sparsifier.status().message());
+  }
+  if (config.compressor == Compressor::kGTopK && !GlobalTopKSupports(num_nodes)) {
+    spdlog::warn("gtopk needs a power-of-two node count, this job has {}: using the allgather "
+                 "top-k exchange instead",
+                 num_nodes);
   }
   return std::unique_ptr<SparseReducer>(
       new SparseReducer(config, node_rank, num_nodes, transport, std::move(*sparsifier)));
@@ -129,6 +140,8 @@ Status SparseReducer::Reduce(std::span<const GroupSlice> slices, std::span<float
   bool skip = false;
   if (config_.compressor == Compressor::kRandomK) {
     SPARSYNC_RETURN_IF_ERROR(ExchangeSharedIndices(slices, group, finite, tag, &skip));
+  } else if (config_.compressor == Compressor::kGTopK && GlobalTopKSupports(num_nodes_)) {
+    SPARSYNC_RETURN_IF_ERROR(ExchangeGlobalTopK(slices, group, finite, tag, &skip));
   } else {
     SPARSYNC_RETURN_IF_ERROR(ExchangeAllGather(slices, group, finite, tag, &skip));
   }
@@ -207,6 +220,34 @@ Status SparseReducer::ExchangeAllGather(std::span<const GroupSlice> slices, std:
   return Status::Ok();
 }
 
+Status SparseReducer::ExchangeGlobalTopK(std::span<const GroupSlice> slices,
+                                         std::span<float> group, bool locally_finite,
+                                         uint32_t* tag, bool* skip) {
+  // Agree on the non-finite flag first: gTop-k's rounds carry no flags.
+  float flags = locally_finite ? 0.0f : 1.0f;
+  SPARSYNC_RETURN_IF_ERROR(
+      transport_->AllReduceSum(&flags, 1, transport::ElementType::kFloat32, (*tag)++));
+  *skip = flags != 0.0f;
+  if (*skip) return Status::Ok();
+  const int64_t n = static_cast<int64_t>(group.size());
+  const int64_t k = kernels::SelectedCount(n, config_.density);
+  std::vector<int32_t> global_indices;
+  std::vector<float> global_values;
+  std::vector<uint8_t> kept;
+  SPARSYNC_RETURN_IF_ERROR(GlobalTopK(transport_, n, k, indices_, values_, &global_indices,
+                                      &global_values, &kept, tag));
+  payload_bytes_sent_ += indices_.size() * 8;
+  if (config_.ErrorFeedback()) {
+    // Delivered entries leave the residual; entries outside the global set stay in it.
+    std::vector<float> delivered(values_.size());
+    for (size_t j = 0; j < values_.size(); ++j) delivered[j] = kept[j] ? values_[j] : 0.0f;
+    KeepResidual(slices, work_, delivered);
+  }
+  std::fill(group.begin(), group.end(), 0.0f);
+  for (size_t j = 0; j < global_indices.size(); ++j) group[global_indices[j]] = global_values[j];
+  return Status::Ok();
+}
+
 Status SparseReducer::ExchangeSharedIndices(std::span<const GroupSlice> slices,
                                             std::span<float> group, bool locally_finite,
                                             uint32_t* tag, bool* skip) {
@@ -231,6 +272,30 @@ Status SparseReducer::ExchangeSharedIndices(std::span<const GroupSlice> slices,
   std::fill(group.begin(), group.end(), 0.0f);
   for (size_t j = 0; j < k; ++j) group[indices_[j]] = sums[j];
   return Status::Ok();
+}
+
+SparseReducers::SparseReducers(Config base, int node_rank, int num_nodes,
+                               transport::Transport* transport)
+    : base_(std::move(base)), node_rank_(node_rank), num_nodes_(num_nodes), transport_(transport) {}
+
+Result<SparseReducer*> SparseReducers::For(uint32_t wire_compressor, float density) {
+  static constexpr Compressor kByWire[] = {
+      Compressor::kNone /* DEFAULT, replaced below */, Compressor::kNone, Compressor::kTopK,
+      Compressor::kRandomK, Compressor::kThreshold, Compressor::kGaussianK, Compressor::kWangni,
+      Compressor::kDgc, Compressor::kGTopK};
+  if (wire_compressor >= SPARSYNC_COMPRESSOR_COUNT) return Internal("unknown compressor");
+  Config config = base_;
+  if (wire_compressor != SPARSYNC_COMPRESSOR_DEFAULT) config.compressor = kByWire[wire_compressor];
+  if (density > 0) config.density = density;
+  if (config.compressor == Compressor::kNone) return static_cast<SparseReducer*>(nullptr);
+  auto key = std::make_pair(config.compressor, config.density);
+  auto it = reducers_.find(key);
+  if (it == reducers_.end()) {
+    auto created = SparseReducer::Create(config, node_rank_, num_nodes_, transport_);
+    if (!created.ok()) return created.status();
+    it = reducers_.emplace(key, std::move(*created)).first;
+  }
+  return it->second.get();
 }
 
 }  // namespace sparsync::pipeline

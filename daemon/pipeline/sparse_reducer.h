@@ -3,11 +3,14 @@
 // configured kernels/ sparsifier, pack (sparse_payload.h), exchange every node's payload with an
 // allgatherv (sizes first: k differs between nodes), decode and add them in node order, average.
 // Every node ends with bit-identical results. Random-k with a shared seed picks the same indices
-// on every node, so its values go through a dense allreduce of k numbers instead.
+// on every node, so its values go through a dense allreduce of k numbers instead; gTop-k
+// (gtopk.h) merges and reselects pairwise in log2 P rounds (power-of-two P; otherwise it falls back
+// to the allgather exchange of local top-k).
 //
 // Not thread-safe: the executor's thread owns it.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -45,6 +48,8 @@ class SparseReducer {
   Status Select(std::span<const float> work, uint64_t step, uint32_t group_id);
   Status ExchangeAllGather(std::span<const GroupSlice> slices, std::span<float> group,
                            bool locally_finite, uint32_t* tag, bool* skip);
+  Status ExchangeGlobalTopK(std::span<const GroupSlice> slices, std::span<float> group,
+                            bool locally_finite, uint32_t* tag, bool* skip);
   Status ExchangeSharedIndices(std::span<const GroupSlice> slices, std::span<float> group,
                                bool locally_finite, uint32_t* tag, bool* skip);
   void KeepResidual(std::span<const GroupSlice> slices, std::span<float> work,
@@ -66,6 +71,24 @@ class SparseReducer {
   std::vector<uint8_t> payload_;  // this node's encoded payload
   std::vector<uint8_t> gathered_; // every node's payload
   uint64_t payload_bytes_sent_ = 0;
+};
+
+// The sparse reducers of a node, one per (compressor, density) in use, created on first use from
+// the daemon's configuration: a gradient tensor may choose its own compressor at registration.
+class SparseReducers {
+ public:
+  SparseReducers(Config base, int node_rank, int num_nodes, transport::Transport* transport);
+  // The reducer for a tensor registered with `wire_compressor` (sparsync_compressor) and
+  // `density` (0: the configured one); null when that resolves to no compression.
+  Result<SparseReducer*> For(uint32_t wire_compressor, float density);
+  uint64_t min_compress_bytes() const { return base_.min_compress_bytes; }
+
+ private:
+  const Config base_;
+  const int node_rank_;
+  const int num_nodes_;
+  transport::Transport* const transport_;
+  std::map<std::pair<Compressor, double>, std::unique_ptr<SparseReducer>> reducers_;
 };
 
 }  // namespace sparsync::pipeline

@@ -20,6 +20,8 @@ TensorMeta MetaOf(const sparsync_register_msg& r) {
   m.reduce_op = r.reduce_op;
   m.root_rank = r.op == SPARSYNC_OP_BROADCAST ? r.root_rank : 0;
   m.shape.assign(r.shape, r.shape + r.ndim);
+  m.compressor = r.compressor;
+  m.density = r.density;
   return m;
 }
 
@@ -220,13 +222,17 @@ Status TensorTable::OnUnregister(const std::shared_ptr<intake::WorkerSession>& s
   }
   t.parts[session->local_rank].reset();
   session->tensors.erase(id);
-  bool empty = true;
-  for (const auto& p : t.parts) empty = empty && !p;
-  if (empty) {
-    if (t.slot) name_by_slot_.erase(t.slot);
-    tensors_.erase(it);
-  }
+  EraseIfUnused(it);
   return Status::Ok();
+}
+
+void TensorTable::EraseIfUnused(std::map<std::string, Tensor>::iterator it) {
+  for (const auto& p : it->second.parts) {
+    if (p) return;
+  }
+  // No worker holds it any more: a later registration may give the name another shape.
+  if (it->second.slot) name_by_slot_.erase(it->second.slot);
+  tensors_.erase(it);
 }
 
 void TensorTable::OnDisconnect(const std::shared_ptr<intake::WorkerSession>& session,
@@ -241,6 +247,7 @@ void TensorTable::OnDisconnect(const std::shared_ptr<intake::WorkerSession>& ses
       had_posted = had_posted || it->second.posted[session->local_rank];
       // Parts in flight stay alive in the executor's GroupMembers.
       it->second.parts[session->local_rank].reset();
+      EraseIfUnused(it);
     }
     session->tensors.clear();
     if (workers_[session->local_rank].lock() == session) workers_[session->local_rank].reset();

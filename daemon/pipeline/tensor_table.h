@@ -98,6 +98,7 @@ class TensorTable : public intake::IntakeHandler {
     uint64_t generation = 0;
   };
 
+  void EraseIfUnused(std::map<std::string, Tensor>::iterator it);  // REQUIRES: mu_ held
   Status CheckCompatible(const Tensor& t, const negotiation::TensorMeta& meta, int local_rank) const;
   void FailLocked(const Status& error, std::vector<std::pair<WorkerPart, Status>>* to_send);
   void Fail(const Status& error, bool shutting_down);

@@ -34,6 +34,14 @@ class Transport {
                             std::span<const size_t> recv_bytes, uint32_t tag) = 0;
   // In place: every node's data becomes node `root`'s.
   virtual Status Broadcast(void* data, size_t bytes, int root, uint32_t tag) = 0;
+  // Pairwise exchange, not a collective: this node and `peer` each call SendRecv with the other
+  // as `peer` and the same `tag` (pairs of one schedule in the same order). Each side sends its
+  // `send_bytes` (sizes may differ, 0 included) and receives the peer's bytes into `recv`,
+  // setting *recv_bytes. The byte counts and capacities are exchanged first, so if either side's
+  // bytes exceed the other's `recv_capacity` BOTH sides fail with kMismatch and no payload moves
+  // (the pair stays usable). `peer == rank()` copies send to recv.
+  virtual Status SendRecv(int peer, const void* send, size_t send_bytes, void* recv,
+                          size_t recv_capacity, size_t* recv_bytes, uint32_t tag) = 0;
   // Fails every later call with `reason`; idempotent.
   virtual void Abort(const Status& reason) = 0;
 };

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define SPARSYNC_INTAKE_MAGIC 0x59535053u /* "SPSY" little-endian */
-#define SPARSYNC_INTAKE_VERSION 1u
+#define SPARSYNC_INTAKE_VERSION 2u
 #define SPARSYNC_MAX_MESSAGE_BYTES 4096u
 #define SPARSYNC_MAX_NAME_BYTES 200u
 #define SPARSYNC_MAX_DIMS 8u
@@ -68,6 +68,21 @@ typedef enum sparsync_op {
   SPARSYNC_OP_GRADIENT = 3,   /* gradient reduction: may be compressed by the daemon */
   SPARSYNC_OP_COUNT = 4,
 } sparsync_op;
+
+/* Compressor of a GRADIENT tensor. DEFAULT: the daemon's SPARSYNC_COMPRESSOR. Other ops are
+ * always exact and must say DEFAULT. Values are part of the protocol. */
+typedef enum sparsync_compressor {
+  SPARSYNC_COMPRESSOR_DEFAULT = 0,
+  SPARSYNC_COMPRESSOR_NONE = 1,
+  SPARSYNC_COMPRESSOR_TOPK = 2,
+  SPARSYNC_COMPRESSOR_RANDOMK = 3,
+  SPARSYNC_COMPRESSOR_THRESHOLD = 4,
+  SPARSYNC_COMPRESSOR_GAUSSIANK = 5,
+  SPARSYNC_COMPRESSOR_WANGNI = 6,
+  SPARSYNC_COMPRESSOR_DGC = 7,
+  SPARSYNC_COMPRESSOR_GTOPK = 8,
+  SPARSYNC_COMPRESSOR_COUNT = 9,
+} sparsync_compressor;
 
 typedef enum sparsync_reduce_op {
   SPARSYNC_REDUCE_AVERAGE = 0,
@@ -126,6 +141,9 @@ typedef struct sparsync_register_msg {
   uint8_t ndim;       /* <= SPARSYNC_MAX_DIMS; 0 is a scalar */
   int32_t root_rank;  /* global rank, for BROADCAST; otherwise 0 */
   uint32_t name_len;  /* 1 .. SPARSYNC_MAX_NAME_BYTES, no NUL inside */
+  uint8_t compressor; /* sparsync_compressor; DEFAULT unless op is GRADIENT */
+  uint8_t reserved[3];/* must be 0 */
+  float density;      /* fraction sent, in (0, 1]; 0: the daemon's SPARSYNC_DENSITY */
   int64_t shape[SPARSYNC_MAX_DIMS]; /* each >= 0; unused entries 0 */
   char name[SPARSYNC_MAX_NAME_BYTES];
 } sparsync_register_msg;
@@ -172,7 +190,7 @@ typedef struct sparsync_goodbye {
 static_assert(sizeof(sparsync_msg_header) == 16, "wire layout");
 static_assert(sizeof(sparsync_hello) == 96, "wire layout");
 static_assert(sizeof(sparsync_hello_reply) == 560, "wire layout");
-static_assert(sizeof(sparsync_register_msg) == 296, "wire layout");
+static_assert(sizeof(sparsync_register_msg) == 304, "wire layout");
 static_assert(sizeof(sparsync_register_reply) == 544, "wire layout");
 static_assert(sizeof(sparsync_ready) == 40, "wire layout");
 static_assert(sizeof(sparsync_done) == 560, "wire layout");

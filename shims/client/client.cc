@@ -409,6 +409,8 @@ sparsync_status Client::Register(const sparsync_tensor_spec* spec, uint32_t* id,
   m.ndim = static_cast<uint8_t>(spec->ndim);
   m.root_rank = spec->op == SPARSYNC_OP_BROADCAST ? spec->root_rank : 0;
   m.name_len = static_cast<uint32_t>(name_len);
+  m.compressor = static_cast<uint8_t>(spec->compressor);
+  m.density = spec->density;
   for (uint32_t d = 0; d < spec->ndim; ++d) {
     if (spec->shape[d] < 0) {
       return Fail(SPARSYNC_ERR_INVALID, "tensor '" + name + "' has a negative dimension");

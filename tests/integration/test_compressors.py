@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-COMPRESSORS = ["topk", "randomk", "threshold", "gaussiank", "wangni", "dgc"]
+COMPRESSORS = ["topk", "randomk", "threshold", "gaussiank", "wangni", "dgc", "gtopk"]
 
 
 @pytest.mark.parametrize("compressor", COMPRESSORS)
@@ -26,3 +26,18 @@ def test_sparse_training_is_identical_everywhere_and_learns(job_factory, compres
     log = job.logs()
     assert "compressor " + compressor in log, "the daemons did not run " + compressor
     job.assert_clean_after_stop(job.stop())
+
+
+def test_sparsify_argument_overrides_the_daemons_compressor(job_factory):
+    # Daemons run dense; the optimizer asks for top-k: the result differs from dense training,
+    # is still identical everywhere, and explicit allreduce stays exact (checked by the worker).
+    job = job_factory(2, 1, {"SPARSYNC_MIN_COMPRESS_BYTES": "4KiB"})
+    rcs = job.run_workers("train_sparse.py", extra={"SPARSIFY": "topk:0.05"}, timeout_s=150)
+    assert rcs == [0, 0], "workers failed: %s\n%s" % (rcs, job.logs())
+    sparse = [dict(np.load(job.outdir / ("rank%d.npz" % r))) for r in range(2)]
+    rcs = job.run_workers("train_sparse.py", timeout_s=150)
+    assert rcs == [0, 0], "workers failed: %s\n%s" % (rcs, job.logs())
+    dense = [dict(np.load(job.outdir / ("rank%d.npz" % r))) for r in range(2)]
+    key = "0.weight"
+    assert sparse[0][key].tobytes() == sparse[1][key].tobytes()
+    assert not np.array_equal(sparse[0][key], dense[0][key]), "sparsify= had no effect"

@@ -8,6 +8,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include <cstring>
 #include <exception>
@@ -40,6 +42,10 @@ class StoreAdapter : public gloo::rendezvous::Store {
   RendezvousStore* store_;
   std::chrono::milliseconds timeout_;
 };
+
+// Slot prefix of SendRecv, clear of Gloo's own collective prefixes (0x01-0x08 in gloo/types.h).
+// The header (byte count and capacity) travels on slot +0, the payload on slot +1.
+constexpr uint8_t kSendRecvSlotPrefix = 0x40;
 
 template <typename T>
 void SumInto(void* c, const void* a, const void* b, size_t n) {
@@ -153,6 +159,70 @@ Status GlooTransport::Broadcast(void* data, size_t bytes, int root, uint32_t tag
     return Status::Ok();
   } catch (const std::exception& e) {
     Abort(Unavailable(std::string("Gloo broadcast failed: ") + e.what()));
+    return Guard("after failure");
+  }
+}
+
+Status GlooTransport::SendRecv(int peer, const void* send, size_t send_bytes, void* recv,
+                               size_t recv_capacity, size_t* recv_bytes, uint32_t tag) {
+  *recv_bytes = 0;
+  SPARSYNC_RETURN_IF_ERROR(Guard("sendrecv"));
+  if (peer < 0 || peer >= size_) {
+    return InvalidArgument("sendrecv: peer " + std::to_string(peer) + " is not a node of " +
+                           std::to_string(size_));
+  }
+  auto size_error = [&](uint64_t peer_bytes, uint64_t peer_capacity) {
+    return Mismatch("sendrecv " + std::to_string(tag) + " between nodes " + std::to_string(rank_) +
+                    " and " + std::to_string(peer) + ": node " + std::to_string(rank_) +
+                    " sends " + std::to_string(send_bytes) + " bytes into a capacity of " +
+                    std::to_string(peer_capacity) + ", node " + std::to_string(peer) + " sends " +
+                    std::to_string(peer_bytes) + " bytes into a capacity of " +
+                    std::to_string(recv_capacity));
+  };
+  if (peer == rank_) {
+    if (send_bytes > recv_capacity) return size_error(send_bytes, recv_capacity);
+    if (send_bytes) std::memmove(recv, send, send_bytes);
+    *recv_bytes = send_bytes;
+    return Status::Ok();
+  }
+  try {
+    const gloo::Slot slot = gloo::Slot::build(kSendRecvSlotPrefix, tag);
+    const uint64_t header_slot = slot;
+    const uint64_t payload_slot = slot + static_cast<uint8_t>(1);
+    const std::chrono::milliseconds timeout = context_->getTimeout();
+    auto wait = [&](bool completed, const char* what) {
+      if (!completed) throw std::runtime_error(std::string(what) + " was aborted");
+    };
+    // Header first: both sides learn both sizes and capacities, so a size error is seen by both
+    // and no payload is left half-sent.
+    uint64_t mine[2] = {send_bytes, recv_capacity};
+    uint64_t theirs[2] = {0, 0};
+    auto header_out = context_->createUnboundBuffer(mine, sizeof(mine));
+    auto header_in = context_->createUnboundBuffer(theirs, sizeof(theirs));
+    header_in->recv(peer, header_slot);
+    header_out->send(peer, header_slot);
+    wait(header_in->waitRecv(timeout), "receiving the size header");
+    wait(header_out->waitSend(timeout), "sending the size header");
+    if (theirs[0] > recv_capacity || send_bytes > theirs[1]) {
+      return size_error(theirs[0], theirs[1]);
+    }
+
+    std::unique_ptr<gloo::transport::UnboundBuffer> in, out;
+    if (theirs[0] > 0) {
+      in = context_->createUnboundBuffer(recv, theirs[0]);
+      in->recv(peer, payload_slot);
+    }
+    if (send_bytes > 0) {
+      // An unbound buffer used only for sending is only read.
+      out = context_->createUnboundBuffer(const_cast<void*>(send), send_bytes);
+      out->send(peer, payload_slot);
+    }
+    if (in) wait(in->waitRecv(timeout), "receiving the payload");
+    if (out) wait(out->waitSend(timeout), "sending the payload");
+    *recv_bytes = theirs[0];
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    Abort(Unavailable("Gloo sendrecv with node " + std::to_string(peer) + " failed: " + e.what()));
     return Guard("after failure");
   }
 }

@@ -1,5 +1,6 @@
 // GlooTransport: the CPU backend, Gloo's TCP transport with its ring allreduce, allgatherv and
-// broadcast. Gloo's exceptions are caught here and nowhere else.
+// broadcast, and unbound-buffer send/recv for pairwise exchanges. Gloo's exceptions are caught
+// here and nowhere else.
 #pragma once
 
 #include <memory>
@@ -30,6 +31,8 @@ class GlooTransport : public Transport {
   Status AllGatherV(const void* send, size_t send_bytes, void* recv,
                     std::span<const size_t> recv_bytes, uint32_t tag) override;
   Status Broadcast(void* data, size_t bytes, int root, uint32_t tag) override;
+  Status SendRecv(int peer, const void* send, size_t send_bytes, void* recv, size_t recv_capacity,
+                  size_t* recv_bytes, uint32_t tag) override;
   void Abort(const Status& reason) override;
 
  private:

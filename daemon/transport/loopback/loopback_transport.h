@@ -3,10 +3,12 @@
 #pragma once
 
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "daemon/transport/transport.h"
@@ -23,6 +25,16 @@ class LoopbackHub {
   // `combine(all contributions in rank order)`, then waits until every rank has combined.
   Status Exchange(int rank, uint32_t tag, std::vector<char> contribution,
                   const std::function<void(const std::vector<std::vector<char>>&)>& combine);
+  // One point-to-point message: the sender's bytes and its own receive capacity (so both sides
+  // of a SendRecv can check both directions).
+  struct Message {
+    size_t capacity = 0;
+    std::vector<char> bytes;
+  };
+  // Queues `message` from `from` to `to` under `tag`; never blocks.
+  Status Post(int from, int to, uint32_t tag, Message message);
+  // Waits (up to the timeout) for the oldest message from `from` to `to` under `tag`.
+  Status Take(int from, int to, uint32_t tag, Message* message);
   void Abort(const Status& reason);
 
  private:
@@ -36,6 +48,7 @@ class LoopbackHub {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint32_t, Op> ops_;
+  std::map<std::tuple<int, int, uint32_t>, std::deque<Message>> mailboxes_;  // (from, to, tag)
   Status aborted_;
 };
 
@@ -48,6 +61,8 @@ class LoopbackTransport : public Transport {
   Status AllGatherV(const void* send, size_t send_bytes, void* recv,
                     std::span<const size_t> recv_bytes, uint32_t tag) override;
   Status Broadcast(void* data, size_t bytes, int root, uint32_t tag) override;
+  Status SendRecv(int peer, const void* send, size_t send_bytes, void* recv, size_t recv_capacity,
+                  size_t* recv_bytes, uint32_t tag) override;
   void Abort(const Status& reason) override { hub_->Abort(reason); }
 
  private:

@@ -16,6 +16,9 @@ from sparsync._paths import find_client_library
 # Values of proto/intake/wire.h (part of the protocol).
 OP_ALLREDUCE, OP_ALLGATHER, OP_BROADCAST, OP_GRADIENT = 0, 1, 2, 3
 REDUCE_AVERAGE, REDUCE_SUM = 0, 1
+# sparsync_compressor of wire.h: the compressor a GRADIENT tensor asks for (0: the daemon's).
+COMPRESSORS = {"default": 0, "none": 1, "topk": 2, "randomk": 3, "threshold": 4, "gaussiank": 5,
+               "wangni": 6, "dgc": 7, "gtopk": 8}
 FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64, UINT8 = range(7)
 ITEMSIZE = {FLOAT32: 4, FLOAT64: 8, FLOAT16: 2, BFLOAT16: 2, INT32: 4, INT64: 8, UINT8: 1}
 STATUS_NAMES = {0: "OK", 1: "INVALID", 2: "UNAVAILABLE", 3: "TIMEOUT", 4: "MISMATCH",
@@ -37,7 +40,8 @@ class _World(ctypes.Structure):
 class _TensorSpec(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("op", ctypes.c_int), ("dtype", ctypes.c_int),
                 ("reduce_op", ctypes.c_int), ("root_rank", ctypes.c_int32),
-                ("ndim", ctypes.c_uint32), ("shape", ctypes.POINTER(ctypes.c_int64))]
+                ("ndim", ctypes.c_uint32), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("compressor", ctypes.c_int), ("density", ctypes.c_float)]
 
 
 _lib = None
@@ -144,14 +148,16 @@ class Client:
         if not self._h:
             raise SparsyncError("sparsync client is closed (call init() first)")
 
-    def register(self, name, op, dtype, shape, reduce_op=REDUCE_AVERAGE, root_rank=0):
+    def register(self, name, op, dtype, shape, reduce_op=REDUCE_AVERAGE, root_rank=0,
+                 compressor=0, density=0.0):
         self._require_open()
         shape = tuple(int(d) for d in shape)
         if len(shape) > MAX_DIMS:
             raise SparsyncError("tensor '%s' has %d dimensions; at most %d are supported"
                                 % (name, len(shape), MAX_DIMS))
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-        spec = _TensorSpec(name.encode(), op, dtype, reduce_op, root_rank, len(shape), dims)
+        spec = _TensorSpec(name.encode(), op, dtype, reduce_op, root_rank, len(shape), dims,
+                           compressor, density)
         tid, data, nbytes = ctypes.c_uint32(), ctypes.c_void_p(), ctypes.c_uint64()
         self._check(self._lib.sparsync_register_tensor(
             self._h, ctypes.byref(spec), ctypes.byref(tid), ctypes.byref(data),

@@ -57,10 +57,77 @@ class Compression:
     fp16 = FP16Compressor
 
 
+class Sparsify:
+    """The compressor DistributedOptimizer asks the daemon to apply to its gradients, overriding
+    SPARSYNC_COMPRESSOR / SPARSYNC_DENSITY for them; e.g. ``sparsify=TopK(density=0.001)``.
+    ``density=None`` keeps the daemon's SPARSYNC_DENSITY. Explicit allreduce stays exact."""
+
+    def __init__(self, name, density=None):
+        if name not in C.COMPRESSORS or name == "default":
+            raise ValueError("unknown compressor %r; accepted: %s"
+                             % (name, ", ".join(k for k in C.COMPRESSORS if k != "default")))
+        if density is not None and not 0.0 < density <= 1.0:
+            raise ValueError("density must be in (0, 1], got %r" % (density,))
+        self.name = name
+        self.density = density
+
+    @property
+    def wire(self):
+        return C.COMPRESSORS[self.name], float(self.density or 0.0)
+
+    def __repr__(self):
+        return "Sparsify(%r, density=%r)" % (self.name, self.density)
+
+
+def TopK(density=None):
+    """Exact top-k with error feedback (Aji & Heafield 2017; Stich et al. 2018)."""
+    return Sparsify("topk", density)
+
+
+def GlobalTopK(density=None):
+    """gTop-k (Shi et al., ICDCS 2019): global top-k by pairwise merge-and-reselect."""
+    return Sparsify("gtopk", density)
+
+
+def RandomK(density=None):
+    """k coordinates drawn with a seed shared by all nodes, with error feedback."""
+    return Sparsify("randomk", density)
+
+
+def Threshold(density=None):
+    """|x| above a threshold (SPARSYNC_THRESHOLD, or estimated from a sample for the density)."""
+    return Sparsify("threshold", density)
+
+
+def GaussianK(density=None):
+    """Gaussian-k (Shi et al. 2019): threshold from the mean and deviation of the gradient."""
+    return Sparsify("gaussiank", density)
+
+
+def Wangni(density=None):
+    """Unbiased optimal sparsification of Wangni et al. (NeurIPS 2018); no error feedback."""
+    return Sparsify("wangni", density)
+
+
+def DGC(density=None):
+    """Deep Gradient Compression (Lin et al., ICLR 2018). It keeps its own momentum: give the
+    wrapped optimizer momentum=0."""
+    return Sparsify("dgc", density)
+
+
+def Dense():
+    """No compression for this optimizer's gradients, whatever SPARSYNC_COMPRESSOR says."""
+    return Sparsify("none")
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
-                 op=_hvd.Average):
+                 op=_hvd.Average, sparsify=None):
         super(self.__class__, self).__init__(params)
+        if sparsify is not None and not isinstance(sparsify, Sparsify):
+            raise TypeError("sparsify must be e.g. sparsync.torch.TopK(density=0.001), got %r"
+                            % (sparsify,))
+        self._sparsify = sparsify
         if op not in (_hvd.Average, _hvd.Sum):
             raise SparsyncError("DistributedOptimizer supports op=Average or op=Sum")
         if backward_passes_per_step < 1:
@@ -128,8 +195,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if wire not in (C.FLOAT32, C.FLOAT64, C.FLOAT16, C.BFLOAT16):
             raise SparsyncError("gradient of '%s' has dtype %s; DistributedOptimizer reduces "
                                 "float32/float64/float16/bfloat16" % (self._names[id(p)], dtype))
+        compressor, density = self._sparsify.wire if self._sparsify else (0, 0.0)
         reg = client.register("gradient." + self._names[id(p)], C.OP_GRADIENT, wire,
-                              tuple(p.shape), self._op, 0)
+                              tuple(p.shape), self._op, 0, compressor, density)
         self._registrations[id(p)] = (wire, dtype, reg)
         return reg
 
@@ -205,8 +273,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=_hvd.Average, **unsupported):
+                         backward_passes_per_step=1, op=_hvd.Average, sparsify=None,
+                         **unsupported):
     """Wraps `optimizer` so that step() applies gradients averaged over all workers.
+
+    The daemon compresses the gradients as configured (SPARSYNC_COMPRESSOR); `sparsify`, e.g.
+    ``sparsync.torch.TopK(density=0.001)``, chooses the compressor for this optimizer instead.
 
     Same contract as horovod.torch.DistributedOptimizer; Adasum, process sets and
     gradient_predivide_factor other than 1 are not supported.
@@ -218,4 +290,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op)
+               op, sparsify)

@@ -472,4 +472,6 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
 # ---------------------------------------------------------------------------------------------
 # Compression and DistributedOptimizer
 
-from sparsync._torch_optimizer import Compression, DistributedOptimizer  # noqa: E402,F401
+from sparsync._torch_optimizer import (  # noqa: E402,F401
+    DGC, Compression, Dense, DistributedOptimizer, GaussianK, GlobalTopK, RandomK, Sparsify,
+    Threshold, TopK, Wangni)

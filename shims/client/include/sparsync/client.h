@@ -35,6 +35,8 @@ typedef struct sparsync_tensor_spec {
   int32_t root_rank;      /* BROADCAST only */
   uint32_t ndim;
   const int64_t* shape;   /* ndim entries */
+  sparsync_compressor compressor; /* GRADIENT only; SPARSYNC_COMPRESSOR_DEFAULT: the daemon's */
+  float density;          /* GRADIENT only; 0: the daemon's SPARSYNC_DENSITY */
 } sparsync_tensor_spec;
 
 /* Connects to the daemon's control socket and performs the handshake. Retries connecting until

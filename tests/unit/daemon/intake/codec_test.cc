@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -98,7 +99,7 @@ std::vector<Malformed> Corpus() {
          std::memcpy(b.data(), &h, sizeof(h));
          return b;
        },
-       "expected 296"},
+       "expected 304"},
       {"tensor id too big", [] { return RegisterWith([](auto& r) { r.tensor_id = 1u << 30; }); }, "tensor id"},
       {"unknown op", [] { return RegisterWith([](auto& r) { r.op = 9; }); }, "unknown op"},
       {"unknown dtype", [] { return RegisterWith([](auto& r) { r.dtype = 42; }); }, "unknown dtype"},
@@ -131,6 +132,17 @@ std::vector<Malformed> Corpus() {
       {"negative root",
        [] { return RegisterWith([](auto& r) { r.op = SPARSYNC_OP_BROADCAST; r.root_rank = -2; }); },
        "root"},
+      {"unknown compressor", [] { return RegisterWith([](auto& r) { r.compressor = 9; }); }, "unknown compressor"},
+      {"density above 1", [] { return RegisterWith([](auto& r) { r.density = 1.5f; }); }, "density"},
+      {"density NaN", [] { return RegisterWith([](auto& r) { r.density = NAN; }); }, "density"},
+      {"compressed explicit allreduce",
+       [] {
+         return RegisterWith([](auto& r) {
+           r.op = SPARSYNC_OP_ALLREDUCE;
+           r.compressor = SPARSYNC_COMPRESSOR_TOPK;
+         });
+       },
+       "always exact"},
       {"fds attached", [] { return RegisterWith([](auto&) {}); }, "file descriptors", 1},
       {"ready round 0",
        [] {

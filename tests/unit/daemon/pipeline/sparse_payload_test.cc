@@ -303,6 +303,20 @@ TEST(SparsePayloadTest, MaxEncodedBytesBoundsTheWorstCases) {
       MustEncode(s.View(), IndexCoding::kRaw32, vc);
     }
   }
+  // The varint bound follows numel: the largest gap of each size class.
+  for (int64_t numel : {int64_t{1}, int64_t{128}, int64_t{129}, int64_t{16384}, int64_t{16385},
+                        (int64_t{1} << 21) + 1, (int64_t{1} << 28) + 1, kMaxNumel}) {
+    for (ValueCoding vc : kValueCodings) {
+      MustEncode(Selection{numel, {static_cast<int32_t>(numel - 1)}, {1.f}}.View(),
+                 IndexCoding::kDeltaVarint, vc);
+      if (numel > 1) {
+        MustEncode(Selection{numel, {0, static_cast<int32_t>(numel - 1)}, {1.f, 2.f}}.View(),
+                   IndexCoding::kDeltaVarint, vc);
+      }
+    }
+  }
+  EXPECT_EQ(MaxEncodedBytes(128, 3, IndexCoding::kDeltaVarint, ValueCoding::kFloat32),
+            kSparsePayloadHeaderBytes + 3 + 12);
   EXPECT_EQ(MaxEncodedBytes(10, 0, IndexCoding::kRaw32, ValueCoding::kFloat32),
             kSparsePayloadHeaderBytes);
   EXPECT_EQ(MaxEncodedBytes(10, 0, IndexCoding::kRaw32, ValueCoding::kSignScale),

@@ -143,7 +143,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Compressor::kTopK, 2, ValueDType::kFloat32, sparsync::IndexCoding::kRaw},
                       Case{Compressor::kRandomK, 3}, Case{Compressor::kThreshold, 2},
                       Case{Compressor::kGaussianK, 3}, Case{Compressor::kWangni, 3},
-                      Case{Compressor::kDgc, 2}),
+                      Case{Compressor::kDgc, 2}, Case{Compressor::kGTopK, 4},
+                      Case{Compressor::kGTopK, 3} /* falls back to allgather */),
     Name);
 
 TEST(SparseReducerNonFiniteTest, ErrorNamesTheTensorAndNode) {

@@ -152,6 +152,69 @@ TEST_P(TransportTest, AbortFailsLaterCalls) {
   EXPECT_NE(st.message().find("stop here"), std::string::npos);
 }
 
+// The bytes node `from` sends to node `to` in SendRecvTest: every direction a different size,
+// node 0 sends nothing to the last node, node 1 sends ~50 KB to node 0.
+std::vector<char> PairBytes(int n, int from, int to) {
+  size_t size = (from == 0 && to == n - 1) ? 0 : 1 + 50000 * from + 7 * to;
+  std::vector<char> out(size);
+  for (size_t i = 0; i < size; ++i) out[i] = static_cast<char>(from * 31 + to * 7 + i);
+  return out;
+}
+
+TEST_P(TransportTest, SendRecvExchangesDifferentSizesBetweenEveryPair) {
+  auto [backend, n] = GetParam();
+  auto cluster = Cluster(backend, n);
+  const size_t capacity = 1 + 50000 * (n - 1) + 7 * (n - 1);
+  for (int pass = 0; pass < 2; ++pass) {  // the same tag again: messages stay in order
+    OnEachRank(cluster, [&](int r, Transport& t) {
+      // Peers in ascending order on every node (itself included): deadlock-free.
+      for (int peer = 0; peer < n; ++peer) {
+        std::vector<char> mine = PairBytes(n, r, peer);
+        std::vector<char> got(capacity, 'x');
+        size_t got_bytes = 12345;
+        Status st =
+            t.SendRecv(peer, mine.data(), mine.size(), got.data(), got.size(), &got_bytes, 6);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        got.resize(got_bytes);
+        EXPECT_EQ(got, PairBytes(n, peer, r)) << "node " << r << " from node " << peer;
+      }
+    });
+  }
+}
+
+TEST_P(TransportTest, SendRecvOfNothingAndCapacityErrorsOnBothSides) {
+  auto [backend, n] = GetParam();
+  auto cluster = Cluster(backend, n);
+  OnEachRank(cluster, [&](int r, Transport& t) {
+    if (r > 1) return;
+    const int peer = 1 - r;
+    size_t got_bytes = 99;
+    // Both send nothing into no buffer at all.
+    Status st = t.SendRecv(peer, nullptr, 0, nullptr, 0, &got_bytes, 7);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(got_bytes, 0u);
+    // Node 0 sends 100 bytes where node 1 has room for 50: both sides fail, nothing moves.
+    std::vector<char> mine(r == 0 ? 100 : 10, static_cast<char>('a' + r));
+    std::vector<char> got(r == 0 ? 100 : 50, 'x');
+    st = t.SendRecv(peer, mine.data(), mine.size(), got.data(), got.size(), &got_bytes, 8);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), StatusCode::kMismatch) << st.ToString();
+    EXPECT_NE(st.message().find("100 bytes into a capacity of 50"), std::string::npos)
+        << st.ToString();
+    EXPECT_EQ(got_bytes, 0u);
+    EXPECT_EQ(got, std::vector<char>(got.size(), 'x'));
+    // The pair is still usable.
+    got.assign(100, 'x');
+    st = t.SendRecv(peer, mine.data(), mine.size(), got.data(), got.size(), &got_bytes, 9);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    got.resize(got_bytes);
+    EXPECT_EQ(got, std::vector<char>(r == 0 ? 10 : 100, static_cast<char>('a' + peer)));
+  });
+  size_t got_bytes = 0;
+  Status st = cluster[0]->SendRecv(n, nullptr, 0, nullptr, 0, &got_bytes, 10);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Backends, TransportTest,
     ::testing::Combine(::testing::Values(Backend::kGloo, Backend::kLoopback),
