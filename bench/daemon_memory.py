@@ -2,7 +2,7 @@
 """Peak memory of one sparsyncd serving one worker with ResNet-50-sized gradients
 (torchvision's resnet50: 161 tensors, 25.6 M float32), compressor none, default merge.
 
-    .venv/bin/python bench/daemon_memory.py [--steps 5]
+    .venv/bin/python bench/daemon_memory.py [--steps 5] [--compressor topk]
 
 Starts the daemon in a private directory, reads its resident set size when idle (the fixed
 base), runs one worker that takes `steps` DistributedOptimizer steps, then reads the daemon's
@@ -52,6 +52,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--compressor", default="none",
+                    help="SPARSYNC_COMPRESSOR of the daemon (topk: error feedback keeps residuals)")
     ap.add_argument("--worker", action="store_true")
     args = ap.parse_args()
     if args.worker:
@@ -59,7 +61,8 @@ def main():
     daemon_bin = os.environ.get("SPARSYNC_DAEMON", os.path.join(REPO, "build/daemon/sparsyncd"))
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, SPARSYNC_SOCKET=os.path.join(d, "d.sock"),
-                   SPARSYNC_JOB_TOKEN="mem", SPARSYNC_LOG_LEVEL="warn")
+                   SPARSYNC_JOB_TOKEN="mem", SPARSYNC_LOG_LEVEL="warn",
+                   SPARSYNC_COMPRESSOR=args.compressor)
         daemon = subprocess.Popen([daemon_bin], env=env)
         try:
             for _ in range(200):
@@ -77,9 +80,9 @@ def main():
             daemon.wait()
     grad = int(out.split("GRAD_BYTES")[1].split()[0])
     growth = peak * 1024 - base * 1024
-    print("| gradients (MiB) | daemon idle RSS (MiB) | daemon peak RSS (MiB) | peak - idle (MiB) | (peak - idle) / gradients |")
-    print("|---:|---:|---:|---:|---:|")
-    print(f"| {grad / 2**20:.1f} | {base / 1024:.1f} | {peak / 1024:.1f} | {growth / 2**20:.1f} | {growth / grad:.2f} |")
+    print("| compressor | gradients (MiB) | daemon idle RSS (MiB) | daemon peak RSS (MiB) | peak - idle (MiB) | (peak - idle) / gradients |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| {args.compressor} | {grad / 2**20:.1f} | {base / 1024:.1f} | {peak / 1024:.1f} | {growth / 2**20:.1f} | {growth / grad:.2f} |")
 
 
 if __name__ == "__main__":
