@@ -95,13 +95,7 @@ Status ValidateRegister(const sparsync_register_msg& r) {
 }  // namespace
 
 size_t WireDTypeSize(uint32_t dtype) {
-  switch (dtype) {
-    case SPARSYNC_FLOAT32: case SPARSYNC_INT32: return 4;
-    case SPARSYNC_FLOAT64: case SPARSYNC_INT64: return 8;
-    case SPARSYNC_FLOAT16: case SPARSYNC_BFLOAT16: return 2;
-    case SPARSYNC_UINT8: return 1;
-  }
-  return 0;
+  return sparsync_dtype_size(dtype);
 }
 
 Result<Message> Decode(const void* data, size_t size, int num_fds) {

@@ -20,13 +20,7 @@ std::string DTypeName(uint32_t dtype) {
 }
 
 size_t DTypeSize(uint32_t dtype) {
-  switch (dtype) {
-    case SPARSYNC_FLOAT32: case SPARSYNC_INT32: return 4;
-    case SPARSYNC_FLOAT64: case SPARSYNC_INT64: return 8;
-    case SPARSYNC_FLOAT16: case SPARSYNC_BFLOAT16: return 2;
-    case SPARSYNC_UINT8: return 1;
-  }
-  return 0;
+  return sparsync_dtype_size(dtype);
 }
 
 std::string OpName(uint32_t op) {

@@ -60,6 +60,17 @@ typedef enum sparsync_dtype {
   SPARSYNC_DTYPE_COUNT = 7,
 } sparsync_dtype;
 
+/* Bytes per element of a sparsync_dtype; 0 for an unknown value. */
+static inline uint32_t sparsync_dtype_size(uint32_t dtype) {
+  switch (dtype) {
+    case SPARSYNC_FLOAT32: case SPARSYNC_INT32: return 4;
+    case SPARSYNC_FLOAT64: case SPARSYNC_INT64: return 8;
+    case SPARSYNC_FLOAT16: case SPARSYNC_BFLOAT16: return 2;
+    case SPARSYNC_UINT8: return 1;
+  }
+  return 0;
+}
+
 /* Collective a registered tensor takes part in. */
 typedef enum sparsync_op {
   SPARSYNC_OP_ALLREDUCE = 0,  /* explicit allreduce: always exact */
