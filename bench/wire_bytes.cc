@@ -137,8 +137,9 @@ class Bench {
 
 void PrintTable(const char* title, const std::vector<Totals>& totals, int64_t numel) {
   std::printf("\n### %s\n\n", title);
-  std::printf("| index coding | value coding | selection | payloads | coordinates | "
-              "bytes on the wire | bytes / coordinate | vs raw pairs |\n");
+  std::printf(
+      "| index coding | value coding | selection | payloads | coordinates | "
+      "bytes on the wire | bytes / coordinate | vs raw pairs |\n");
   std::printf("|---|---|---|---:|---:|---:|---:|---:|\n");
   for (size_t c = 0; c < std::size(kCodings); ++c) {
     const Totals& t = totals[c];

@@ -11,6 +11,7 @@ every coding and prints the Markdown tables (issue 3, "Bytes on the wire").
 """
 
 import argparse
+import importlib
 import os
 import subprocess
 import sys
@@ -23,12 +24,12 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 try:
-    import torch_fashion_mnist as example
+    example = importlib.import_module("torch_fashion_mnist")
 except ImportError:
     # The example imports sparsync.torch at the top; its model and loader do not need it.
     sys.modules["sparsync"] = types.ModuleType("sparsync")
     sys.modules["sparsync.torch"] = types.ModuleType("sparsync.torch")
-    import torch_fashion_mnist as example
+    example = importlib.import_module("torch_fashion_mnist")
 
 
 def dump_gradients(model, directory):

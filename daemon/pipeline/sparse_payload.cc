@@ -29,9 +29,7 @@ constexpr uint8_t kMagic[4] = {'S', 'P', 'R', 'S'};
 constexpr float kHalfOverflow = 65520.0f;
 
 // Little-endian loads and stores; compilers turn these into plain moves on little-endian hosts.
-inline uint16_t LoadU16(const uint8_t* p) {
-  return static_cast<uint16_t>(p[0] | (p[1] << 8));
-}
+inline uint16_t LoadU16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 inline uint32_t LoadU32(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
          static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
@@ -137,8 +135,7 @@ Status CheckRaw32Indices(const uint8_t* p, uint32_t k, int64_t numel) {
 }
 
 // Walks k varints from *p, not past end; on success *p is just after the last one.
-Status CheckVarintIndices(const uint8_t** p_inout, const uint8_t* end, uint32_t k,
-                          int64_t numel) {
+Status CheckVarintIndices(const uint8_t** p_inout, const uint8_t* end, uint32_t k, int64_t numel) {
   const uint8_t* p = *p_inout;
   int64_t prev = -1;
   for (uint32_t j = 0; j < k; ++j) {
@@ -243,8 +240,8 @@ Result<Layout> Parse(std::span<const uint8_t> payload) {
       return Corrupt("sign-scale scale " + Str(l.scale) + " is not finite and >= 0");
     }
     if (l.full > l.k) {
-      return Corrupt("full count " + std::to_string(l.full) + " exceeds k = " +
-                     std::to_string(l.k));
+      return Corrupt("full count " + std::to_string(l.full) +
+                     " exceeds k = " + std::to_string(l.k));
     }
   }
 
@@ -368,9 +365,10 @@ size_t MaxEncodedBytes(int64_t numel, int64_t k, IndexCoding index_coding,
   const size_t varint_bytes =
       numel >= 1 && numel <= kMaxNumel ? VarintBytes(static_cast<uint32_t>(numel - 1)) : 5;
   const size_t index_bytes = (index_coding == IndexCoding::kRaw32 ? 4 : varint_bytes) * kk;
-  // kSignScale: at most k - 1 full coordinates, but k full is a simpler bound.
+  // kSignScale: the coordinate of the smallest magnitude is always sign-coded, so at most k - 1
+  // are full, and more full ones cost more.
   const size_t value_bytes = value_coding == ValueCoding::kSignScale
-                                 ? 4 * kk + 2 * BitmapBytes(kk)
+                                 ? (kk == 0 ? 0 : ValueBytes(value_coding, kk, kk - 1))
                                  : ValueBytes(value_coding, kk, 0);
   return HeaderBytes(value_coding) + index_bytes + value_bytes;
 }
@@ -411,8 +409,8 @@ Result<size_t> Encode(const SparseTensor& tensor, IndexCoding index_coding,
                         " out of range for " + std::to_string(numel) + " elements");
       }
       if (i <= prev) {
-        return BadInput("indices not strictly ascending at coordinate " + std::to_string(j) +
-                        " (" + std::to_string(i) + " after " + std::to_string(prev) + ")");
+        return BadInput("indices not strictly ascending at coordinate " + std::to_string(j) + " (" +
+                        std::to_string(i) + " after " + std::to_string(prev) + ")");
       }
       varint_bytes += VarintBytes(static_cast<uint32_t>(i - prev - 1));
       prev = i;
@@ -444,8 +442,8 @@ Result<size_t> Encode(const SparseTensor& tensor, IndexCoding index_coding,
   const size_t header = HeaderBytes(value_coding);
   const size_t total = header + index_bytes + ValueBytes(value_coding, k, full);
   if (out.size() < total) {
-    return BadInput("output buffer has " + std::to_string(out.size()) + " bytes, the payload needs " +
-                    std::to_string(total));
+    return BadInput("output buffer has " + std::to_string(out.size()) +
+                    " bytes, the payload needs " + std::to_string(total));
   }
 
   uint8_t* p = out.data();

@@ -62,7 +62,8 @@ Selection RandomSelection(int64_t numel, int64_t k, ValueCoding vc, uint64_t see
     const float sign = (rng() & 1) ? -1.f : 1.f;
     float v;
     if (vc == ValueCoding::kSignScale) {
-      v = unit(rng) < 0.8f ? magnitude * (1.f + 1e-6f * unit(rng)) : magnitude * (1.5f + 9 * unit(rng));
+      v = unit(rng) < 0.8f ? magnitude * (1.f + 1e-6f * unit(rng))
+                           : magnitude * (1.5f + 9 * unit(rng));
     } else {
       const uint64_t r = rng() % 50;
       v = r == 0 ? 0.f : std::pow(10.f, -3.f + 5.f * unit(rng));
@@ -113,7 +114,8 @@ class GuardedAcc {
 };
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  if (a.size() != b.size()) return false;
+  return a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -178,12 +180,12 @@ std::string RoundTripName(const ::testing::TestParamInfo<RoundTripParam>& info) 
   return CodingName(ic, vc) + "_n" + std::to_string(numel) + "_d" + d;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllCodings, SparsePayloadRoundTrip,
-    ::testing::Combine(::testing::ValuesIn(kIndexCodings), ::testing::ValuesIn(kValueCodings),
-                       ::testing::Values<int64_t>(0, 1, 2, 1000, 1000000),
-                       ::testing::Values(1e-4, 1e-3, 1e-2, 0.1, 1.0)),
-    RoundTripName);
+INSTANTIATE_TEST_SUITE_P(AllCodings, SparsePayloadRoundTrip,
+                         ::testing::Combine(::testing::ValuesIn(kIndexCodings),
+                                            ::testing::ValuesIn(kValueCodings),
+                                            ::testing::Values<int64_t>(0, 1, 2, 1000, 1000000),
+                                            ::testing::Values(1e-4, 1e-3, 1e-2, 0.1, 1.0)),
+                         RoundTripName);
 
 // ---------------------------------------------------------------------------------------------
 // The layout, byte for byte (sparse_payload.h documents it; peers built from other versions of
@@ -191,16 +193,19 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(SparsePayloadTest, DeltaVarintFloat32Bytes) {
   const Selection s{300, {2, 3, 200}, {1.0f, -2.0f, 0.5f}};
+  // clang-format off
   const std::vector<uint8_t> want = {
       'S', 'P', 'R', 'S', 1, 1, 0, 0,  // magic, version, index coding, value coding, reserved
       0x2C, 0x01, 0, 0, 3, 0, 0, 0,    // numel 300, k 3
       0x02, 0x00, 0xC4, 0x01,          // gaps - 1: 2, 0, 196
       0, 0, 0x80, 0x3F, 0, 0, 0, 0xC0, 0, 0, 0, 0x3F};  // 1.0, -2.0, 0.5
+  // clang-format on
   EXPECT_EQ(MustEncode(s.View(), IndexCoding::kDeltaVarint, ValueCoding::kFloat32), want);
 }
 
 TEST(SparsePayloadTest, Raw32SignScaleBytes) {
   const Selection s{300, {2, 3, 200}, {0.5f, -0.5f, 3.0f}};
+  // clang-format off
   const std::vector<uint8_t> want = {
       'S', 'P', 'R', 'S', 1, 0, 2, 0,  // raw32, sign-scale
       0x2C, 0x01, 0, 0, 3, 0, 0, 0,    // numel 300, k 3
@@ -209,6 +214,7 @@ TEST(SparsePayloadTest, Raw32SignScaleBytes) {
       0, 0, 0x40, 0x40,                // full value 3.0
       0x04,                            // mask: coordinate 2 is full
       0x02};                           // signs of coordinates 0 (+) and 1 (-)
+  // clang-format on
   EXPECT_EQ(MustEncode(s.View(), IndexCoding::kRaw32, ValueCoding::kSignScale), want);
 }
 
@@ -303,6 +309,15 @@ TEST(SparsePayloadTest, MaxEncodedBytesBoundsTheWorstCases) {
       MustEncode(s.View(), IndexCoding::kRaw32, vc);
     }
   }
+  // Sign-scale with every coordinate but the smallest full is the largest value section, and the
+  // bound is tight for it.
+  Selection most_full{5000, {}, {}};
+  for (int32_t j = 0; j < 1000; ++j) {
+    most_full.indices.push_back(j * 5);
+    most_full.values.push_back(j == 500 ? 0.5f : -1.f - static_cast<float>(j));
+  }
+  EXPECT_EQ(MustEncode(most_full.View(), IndexCoding::kRaw32, ValueCoding::kSignScale).size(),
+            MaxEncodedBytes(5000, 1000, IndexCoding::kRaw32, ValueCoding::kSignScale));
   // The varint bound follows numel: the largest gap of each size class.
   for (int64_t numel : {int64_t{1}, int64_t{128}, int64_t{129}, int64_t{16384}, int64_t{16385},
                         (int64_t{1} << 21) + 1, (int64_t{1} << 28) + 1, kMaxNumel}) {
@@ -368,8 +383,8 @@ void PutU32(std::vector<uint8_t>& b, uint32_t v) {
 void PutF32(std::vector<uint8_t>& b, float v) { PutU32(b, FloatBits(v)); }
 
 std::vector<uint8_t> Header(IndexCoding ic, ValueCoding vc, uint32_t numel, uint32_t k) {
-  std::vector<uint8_t> b = {'S', 'P', 'R', 'S', 1, static_cast<uint8_t>(ic),
-                            static_cast<uint8_t>(vc), 0};
+  std::vector<uint8_t> b = {
+      'S', 'P', 'R', 'S', 1, static_cast<uint8_t>(ic), static_cast<uint8_t>(vc), 0};
   PutU32(b, numel);
   PutU32(b, k);
   return b;
@@ -397,7 +412,9 @@ class SparsePayloadCorruptTest : public ::testing::Test {
  protected:
   // numel 1000; indices 5, 6, 900; values 1, -2, 3.
   const Selection s_{1000, {5, 6, 900}, {1.f, -2.f, 3.f}};
-  std::vector<uint8_t> Valid(IndexCoding ic, ValueCoding vc) { return MustEncode(s_.View(), ic, vc); }
+  std::vector<uint8_t> Valid(IndexCoding ic, ValueCoding vc) {
+    return MustEncode(s_.View(), ic, vc);
+  }
 };
 
 TEST_F(SparsePayloadCorruptTest, BadMagic) {
@@ -433,8 +450,8 @@ TEST_F(SparsePayloadCorruptTest, Truncated) {
     }
   }
   // A huge k in a short payload.
-  std::vector<uint8_t> p = Header(IndexCoding::kDeltaVarint, ValueCoding::kFloat32, kMaxNumel,
-                                  0x7FFFFFF0u);
+  std::vector<uint8_t> p =
+      Header(IndexCoding::kDeltaVarint, ValueCoding::kFloat32, kMaxNumel, 0x7FFFFFF0u);
   p.resize(p.size() + 40, 0);
   ExpectCorrupt(p, 1000, "truncated");
 }
