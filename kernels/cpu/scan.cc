@@ -1,6 +1,7 @@
 #include "kernels/cpu/scan.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -34,35 +35,27 @@ uint32_t MaxAbsBits(const float* x, int64_t n) {
   return static_cast<uint32_t>(m);
 }
 
-SPARSYNC_KERNELS_VECTOR_CLONES
 int64_t CollectAtLeast(const float* x, int64_t n, uint32_t t, int32_t* idx, float* val,
                        uint32_t* max_bits) {
-  const auto ts = static_cast<int32_t>(t);
   int64_t count = 0;
   uint32_t m = 0;
-  auto visit = [&](int64_t at) {
+  auto take = [&](int64_t at) {  // REQUIRES: AbsBits(x[at]) >= t
     const uint32_t a = AbsBits(x[at]);
-    if (a >= t) {
-      idx[count] = static_cast<int32_t>(at);
-      val[count] = x[at];
-      ++count;
-      m = a > m ? a : m;
-    }
+    idx[count] = static_cast<int32_t>(at);
+    val[count] = x[at];
+    ++count;
+    m = a > m ? a : m;
   };
   int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    // Vectorised test of the whole block (written as a lane array, which GCC vectorises); the
-    // rare blocks with a hit are visited element by element.
-    int32_t lane[kBlock];
-    for (int64_t j = 0; j < kBlock; ++j) {
-      lane[j] = static_cast<int32_t>(AbsBits(x[i + j])) >= ts ? 1 : 0;
+  for (; i + kMaskBlock <= n; i += kMaskBlock) {
+    // Walk the set bits of the block's hit mask, lowest first (ascending index).
+    for (uint64_t hits = AtLeastMask64(x + i, t); hits != 0; hits &= hits - 1) {
+      take(i + std::countr_zero(hits));
     }
-    int32_t hits = 0;
-    for (int64_t j = 0; j < kBlock; ++j) hits |= lane[j];
-    if (hits == 0) continue;
-    for (int64_t j = 0; j < kBlock; ++j) visit(i + j);
   }
-  for (; i < n; ++i) visit(i);
+  for (; i < n; ++i) {
+    if (AbsBits(x[i]) >= t) take(i);
+  }
   *max_bits = m;
   return count;
 }

@@ -1,6 +1,7 @@
 #include "kernels/cpu/topk_select.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <functional>
 
@@ -12,7 +13,6 @@ namespace sparsync::kernels::cpu {
 namespace {
 
 constexpr int64_t kSampleSize = 8192;
-constexpr int64_t kBlock = 16;
 constexpr uint64_t kSampleSeed = 0x5EEDu;  // fixed: the sample only affects speed, not output
 
 inline uint64_t Key(uint32_t abs_bits, int64_t index) {
@@ -27,40 +27,33 @@ inline int32_t KeyIndex(uint64_t key) {
 // Keys of all elements with AbsBits >= t, in index order, stored while they fit in `capacity`;
 // returns the total count (which may exceed capacity). *max_bits receives the largest AbsBits
 // among the hits (>= kInfBits iff the input holds a NaN or Inf). REQUIRES: t <= kInfBits.
-SPARSYNC_KERNELS_VECTOR_CLONES
+//
+// This pass reads the whole input, so it must run at streaming bandwidth: the per-element work is
+// only the vector compare inside AtLeastMask64; keys are built (and the max updated) for the few
+// hits alone, walking the set bits of each 64-element mask.
 int64_t CollectTopKCandidates(const float* x, int64_t n, uint32_t t, uint64_t* keys,
                               int64_t capacity, uint32_t* max_bits) {
-  const auto ts = static_cast<int32_t>(t);
   int64_t count = 0;
   uint32_t m = 0;
-  auto visit = [&](int64_t at) {
+  auto take = [&](int64_t at) {  // REQUIRES: AbsBits(x[at]) >= t
     const uint32_t a = AbsBits(x[at]);
-    if (a >= t) {
-      if (count < capacity) keys[count] = Key(a, at);
-      ++count;
-      m = a > m ? a : m;
-    }
+    if (count < capacity) keys[count] = Key(a, at);
+    ++count;
+    m = a > m ? a : m;
   };
   int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    // Vectorised test of the whole block (written as a lane array, which GCC vectorises); the
-    // rare blocks with a hit are visited element by element.
-    int32_t lane[kBlock];
-    for (int64_t j = 0; j < kBlock; ++j) {
-      lane[j] = static_cast<int32_t>(AbsBits(x[i + j])) >= ts ? 1 : 0;
+  for (; i + kMaskBlock <= n; i += kMaskBlock) {
+    // Walk the set bits of the block's hit mask, lowest first (ascending index).
+    for (uint64_t hits = AtLeastMask64(x + i, t); hits != 0; hits &= hits - 1) {
+      take(i + std::countr_zero(hits));
     }
-    int32_t hits = 0;
-    for (int64_t j = 0; j < kBlock; ++j) hits |= lane[j];
-    if (hits == 0) continue;
-    for (int64_t j = 0; j < kBlock; ++j) visit(i + j);
   }
-  for (; i < n; ++i) visit(i);
+  for (; i < n; ++i) {
+    if (AbsBits(x[i]) >= t) take(i);
+  }
   *max_bits = m;
   return count;
 }
-
-namespace {
-}  // namespace
 
 int64_t TopKSelector::CandidateCapacity(int64_t n, int64_t k) const {
   return std::min(n, 3 * k + 4096);
