@@ -1,0 +1,57 @@
+#include "daemon/planning/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace sparsync::planning {
+
+LinearCost LinearCost::Fit(const std::vector<std::pair<double, double>>& samples) {
+  if (samples.empty()) return {};
+  double n = static_cast<double>(samples.size());
+  double mean_x = 0, mean_y = 0;
+  for (const auto& [x, y] : samples) {
+    mean_x += x / n;
+    mean_y += y / n;
+  }
+  double sxx = 0, sxy = 0;
+  for (const auto& [x, y] : samples) {
+    sxx += (x - mean_x) * (x - mean_x);
+    sxy += (x - mean_x) * (y - mean_y);
+  }
+  LinearCost fit;
+  if (sxx <= 0) {
+    // One distinct size: all of the time is attributed to the size.
+    fit.per_element_s = mean_x > 0 ? std::max(0.0, mean_y / mean_x) : 0.0;
+    fit.fixed_s = mean_x > 0 ? 0.0 : std::max(0.0, mean_y);
+    return fit;
+  }
+  fit.per_element_s = sxy / sxx;
+  fit.fixed_s = mean_y - fit.per_element_s * mean_x;
+  // A negative coefficient is noise; refit the other one alone.
+  if (fit.per_element_s < 0) {
+    fit.per_element_s = 0;
+    fit.fixed_s = std::max(0.0, mean_y);
+  } else if (fit.fixed_s < 0) {
+    double sx2 = 0, sxy0 = 0;
+    for (const auto& [x, y] : samples) {
+      sx2 += x * x;
+      sxy0 += x * y;
+    }
+    fit.fixed_s = 0;
+    fit.per_element_s = sx2 > 0 ? std::max(0.0, sxy0 / sx2) : 0.0;
+  }
+  return fit;
+}
+
+std::string LinearCost::ToString() const {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%.3g ms + %.3g ns/element", fixed_s * 1e3, per_element_s * 1e9);
+  return buf;
+}
+
+std::string CostModel::ToString() const {
+  return "t_s = " + sparsify.ToString() + ", t_c = " + exchange.ToString();
+}
+
+}  // namespace sparsync::planning

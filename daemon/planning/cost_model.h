@@ -1,0 +1,54 @@
+// The planner's cost model (ALGORITHMS.md §1): what one merge group costs to sparsify and to
+// exchange, and how long each layer's backward takes. Measured on the running job, not constants:
+// the sparsification and exchange costs are fitted at start-up (pipeline/calibration.h) and the
+// backward times come from the shims' gradient-ready timestamps (planning/backward_profile.h).
+//
+// Units: seconds and elements. Layers are listed in the order backward produces them (the first
+// entry is the first gradient to become ready, i.e. the output layer), which is the reverse of
+// the paper's forward numbering.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace sparsync::planning {
+
+// fixed_s + per_element_s * x: an α-β line in elements.
+struct LinearCost {
+  double fixed_s = 0;
+  double per_element_s = 0;
+
+  double At(double elements) const { return fixed_s + per_element_s * elements; }
+  // Least-squares fit of (elements, seconds) samples; both coefficients clamped at >= 0.
+  // One distinct size gives a line through the origin's slope; no samples give zero.
+  static LinearCost Fit(const std::vector<std::pair<double, double>>& samples);
+  std::string ToString() const;
+  bool operator==(const LinearCost&) const = default;
+};
+
+struct CostModel {
+  // t_s: select and pack a group of x elements on this node (zero for dense reduction).
+  LinearCost sparsify;
+  // t_c: exchange a group of x elements across all nodes (sparse allgather, or the dense
+  // allreduce when the job does not compress).
+  LinearCost exchange;
+
+  double SparsifyTime(uint64_t elements) const {
+    return elements == 0 ? 0.0 : sparsify.At(static_cast<double>(elements));
+  }
+  double ExchangeTime(uint64_t elements) const {
+    return elements == 0 ? 0.0 : exchange.At(static_cast<double>(elements));
+  }
+  std::string ToString() const;
+  bool operator==(const CostModel&) const = default;
+};
+
+// One layer (one gradient tensor) as the planner sees it.
+struct LayerProfile {
+  uint64_t elements = 0;
+  double backward_s = 0;  // t_b: time from the previous gradient being ready to this one
+};
+
+}  // namespace sparsync::planning
