@@ -51,8 +51,16 @@ Status Daemon::Start() {
     options.stall_warn = config_.stall_warn();
     options.timeout = config_.timeout();
     options.node_liveness = LivenessWindow(config_);
+    options.merge.planners = config_.merge.planners;
+    options.merge.bucket_bytes = config_.merge.bucket_bytes;
+    options.merge.warmup_steps = config_.merge.warmup_steps;
+    options.merge.replan_drift = config_.merge.replan_drift;
+    options.merge.replan_steps = config_.merge.replan_steps;
+    options.merge.dense_by_default = config_.compressor == Compressor::kNone;
     core_ = std::make_unique<negotiation::CoordinatorCore>(options, config_.local_size,
                                                            config_.job_token);
+    core_->SetCostModel(planning::EstimatedCostModel(
+        config_.num_nodes, config_.density, config_.compressor == Compressor::kNone));
     core_->Start();
     if (config_.num_nodes > 1) {
       server_ = std::make_unique<negotiation::CoordinatorServer>(core_.get());
@@ -83,7 +91,7 @@ Status Daemon::Start() {
   table_ = std::make_unique<pipeline::TensorTable>(
       world, config_.job_token,
       [this](pipeline::ReadyNotice n) {
-        agent_->Report({std::move(n.meta), n.slot, std::move(n.worker_dim0)});
+        agent_->Report({std::move(n.meta), n.slot, std::move(n.worker_dim0), n.ready_ns});
       },
       [this](const Status& error) { agent_->Fail(error); });
   agent_ = std::make_unique<negotiation::NodeAgent>(

@@ -223,17 +223,63 @@ std::vector<Setting> Settings() {
         c->seed = static_cast<uint64_t>(*n);
         return Status::Ok();
       });
-  add("merge", "SPARSYNC_MERGE", "fixed:64MiB",
-      "how ready tensors are merged into groups: fixed:BYTES (e.g. fixed:64MiB)",
+  add("merge", "SPARSYNC_MERGE", "omgs",
+      "how gradient tensors are merged into groups: omgs (OMGS-SGD's greedy rule; MG-WFBP's "
+      "with compressor none), optimal (exact), layerwise, single, mgwfbp, or fixed:BYTES "
+      "(consecutive tensors up to BYTES, e.g. fixed:64MiB); a comma list takes the next planner "
+      "at each re-plan",
       [](const Setting& st, const std::string& v, Config* c) {
-        if (v.rfind("fixed:", 0) == 0) {
-          auto bytes = ParseBytes(v.substr(6));
-          if (bytes.ok()) {
-            c->merge = {MergePolicy::Kind::kFixed, *bytes};
-            return Status::Ok();
+        MergePolicy merge = c->merge;
+        merge.planners.clear();
+        std::stringstream items(v);
+        std::string item;
+        while (std::getline(items, item, ',')) {
+          if (item.rfind("fixed:", 0) == 0) {
+            auto bytes = ParseBytes(item.substr(6));
+            if (!bytes.ok()) break;
+            merge.bucket_bytes = *bytes;
+            merge.planners.push_back("fixed");
+            continue;
           }
+          if (item != "omgs" && item != "optimal" && item != "layerwise" && item != "single" &&
+              item != "mgwfbp") {
+            break;
+          }
+          merge.planners.push_back(item);
         }
-        return Reject(st, v, "accepted values: fixed:BYTES (BYTES like 67108864, 64MiB, 512KiB)");
+        if (merge.planners.empty() || !items.eof() || v.empty() || v.back() == ',') {
+          return Reject(st, v,
+                        "accepted values: omgs, optimal, layerwise, single, mgwfbp, fixed:BYTES "
+                        "(BYTES like 67108864, 64MiB, 512KiB), or a comma list of them");
+        }
+        c->merge = merge;
+        return Status::Ok();
+      });
+  add("plan-warmup-steps", "SPARSYNC_PLAN_WARMUP_STEPS", "5",
+      "steps run with fixed buckets while backward times are measured, before the first plan",
+      [](const Setting& st, const std::string& v, Config* c) {
+        return SetInt(st, v, 1, 100000, &c->merge.warmup_steps);
+      });
+  add("replan-drift", "SPARSYNC_REPLAN_DRIFT", "0.2",
+      "re-plan when the measured backward time moves by more than this fraction",
+      [](const Setting& st, const std::string& v, Config* c) {
+        auto n = ParseNumber(v);
+        if (!n.ok() || *n <= 0) return Reject(st, v, "expected a positive fraction such as 0.2");
+        c->merge.replan_drift = *n;
+        return Status::Ok();
+      });
+  add("replan-steps", "SPARSYNC_REPLAN_STEPS", "0",
+      "also re-plan every this many steps (0: only when the measured times drift)",
+      [](const Setting& st, const std::string& v, Config* c) {
+        return SetInt(st, v, 0, 1000000000, &c->merge.replan_steps);
+      });
+  add("calibrate", "SPARSYNC_CALIBRATE", "1",
+      "measure the selection and exchange costs across the nodes at start-up (0: use the "
+      "built-in 1 Gb/s estimates)",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v != "0" && v != "1") return Reject(st, v, "accepted values: 0, 1");
+        c->merge.calibrate = v == "1";
+        return Status::Ok();
       });
   add("transport", "SPARSYNC_TRANSPORT", "auto", "collective backend: auto or gloo",
       [](const Setting& st, const std::string& v, Config* c) {
@@ -323,8 +369,13 @@ std::string Config::Describe() const {
     o << " (density " << density << ", error feedback " << (ErrorFeedback() ? "on" : "off")
       << ", min " << min_compress_bytes << "B)";
   }
-  o << ", merge fixed:" << merge.bucket_bytes
-    << "B, transport gloo, timeout " << timeout_s << "s";
+  o << ", merge ";
+  for (size_t i = 0; i < merge.planners.size(); ++i) {
+    o << (i ? "," : "") << merge.planners[i];
+    if (merge.planners[i] == "fixed") o << ":" << merge.bucket_bytes << "B";
+  }
+  o << " (plan after " << merge.warmup_steps << " steps)"
+    << ", transport gloo, timeout " << timeout_s << "s";
   return o.str();
 }
 

@@ -20,9 +20,16 @@ enum class ValueDType { kFloat32, kFloat16 };
 enum class NonFinitePolicy { kError, kSkip };
 enum class TransportKind { kGloo };
 
+// How gradient tensors are merged into groups (planning/planner.h). The coordinator runs the
+// first `warmup_steps` steps with fixed buckets while it measures, then plans with `planners[0]`;
+// each later re-plan takes the next planner of the list (a list is for experiments and tests).
 struct MergePolicy {
-  enum class Kind { kFixed } kind = Kind::kFixed;
-  uint64_t bucket_bytes = 64ull << 20;  // kFixed: fuse ready tensors up to this many bytes
+  std::vector<std::string> planners{"omgs"};  // omgs, optimal, layerwise, single, mgwfbp, fixed
+  uint64_t bucket_bytes = 64ull << 20;  // fixed: group size limit; also the warm-up buckets
+  int warmup_steps = 5;                 // steps measured before the first plan
+  double replan_drift = 0.2;            // re-plan when backward time drifts by this fraction
+  int replan_steps = 0;                 // also re-plan every this many steps (0: only on drift)
+  bool calibrate = true;                // measure t_s and t_c at start-up
 };
 
 struct Config {

@@ -47,17 +47,24 @@ bool CoordinatorCore::TokenMatches(const std::string& token) const {
   return diff == 0;
 }
 
+void CoordinatorCore::SetCostModel(const planning::CostModel& cost) {
+  std::lock_guard lock(mu_);
+  state_.SetCostModel(cost);
+}
+
 void CoordinatorCore::RunOnce() {
-  std::vector<std::string> warnings;
+  std::vector<std::string> warnings, notes;
   uint64_t before, after;
   {
     std::lock_guard lock(mu_);
     before = state_.last_seq();
     warnings = state_.Tick(Clock::now());
     after = state_.last_seq();
+    notes = state_.TakeLog();
   }
   if (after != before) changed_.notify_all();
   for (const auto& w : warnings) spdlog::warn("stall: {}", w);
+  for (const auto& n : notes) spdlog::info("planner: {}", n);
 }
 
 Status CoordinatorCore::Join(const JoinInfo& info, std::chrono::milliseconds timeout) {
@@ -135,10 +142,13 @@ Result<std::vector<uint32_t>> CoordinatorCore::Report(int node,
                                                       const std::vector<TensorMeta>& new_tensors,
                                                       const std::vector<ReportedReady>& ready) {
   Result<std::vector<uint32_t>> result = Internal("unset");
+  std::vector<std::string> notes;
   {
     std::lock_guard lock(mu_);
     result = state_.Report(node, new_tensors, ready, Clock::now());
+    notes = state_.TakeLog();
   }
+  for (const auto& n : notes) spdlog::info("planner: {}", n);
   // Wake pollers for new entries, and the timer for a new batch deadline.
   changed_.notify_all();
   return result;

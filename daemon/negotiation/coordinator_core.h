@@ -36,6 +36,9 @@ class CoordinatorCore : public CoordinatorLink {
   Status Fail(int node, const Status& error) override;
   Status Leave(int node) override;
 
+  // The planner's cost model, measured at start-up; plans made before it is set use defaults.
+  void SetCostModel(const planning::CostModel& cost);
+
   // One pass of the timer: flush due batches, log stalls. Public for tests.
   void RunOnce();
 

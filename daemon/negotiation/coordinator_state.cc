@@ -27,7 +27,8 @@ CoordinatorState::CoordinatorState(CoordinatorOptions options)
     : options_(options),
       last_poll_(options.num_nodes),
       acked_(options.num_nodes, 0),
-      left_(options.num_nodes, false) {}
+      left_(options.num_nodes, false),
+      merge_(options.merge, options.num_nodes) {}
 
 const TensorMeta* CoordinatorState::Meta(uint32_t slot) const {
   if (slot == 0 || slot > metas_.size()) return nullptr;
@@ -67,7 +68,7 @@ Result<std::vector<uint32_t>> CoordinatorState::Report(int node,
   }
   for (const ReportedReady& r : ready) {
     uint32_t slot = r.slot ? *r.slot : slots[*r.new_index];
-    MarkReady(node, slot, r.worker_dim0, now);
+    MarkReady(node, slot, r.worker_dim0, r.ready_ns, now);
     if (failed()) break;
   }
   if (!failed()) {
@@ -79,7 +80,7 @@ Result<std::vector<uint32_t>> CoordinatorState::Report(int node,
 }
 
 void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> dims,
-                                 Clock::time_point now) {
+                                 int64_t ready_ns, Clock::time_point now) {
   const TensorMeta& meta = metas_[slot - 1];
   auto by_name = pending_by_name_.find(meta.name);
   if (by_name != pending_by_name_.end() && by_name->second != slot) {
@@ -95,6 +96,7 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   if (inserted) {
     p.ready.assign(options_.num_nodes, false);
     p.node_dims.assign(options_.num_nodes, {});
+    p.node_ready_ns.assign(options_.num_nodes, 0);
     p.first_report = now;
     pending_by_name_[meta.name] = slot;
   }
@@ -105,7 +107,27 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   }
   p.ready[node] = true;
   p.node_dims[node] = std::move(dims);
+  p.node_ready_ns[node] = ready_ns;
   if (++p.ready_count < options_.num_nodes) return;
+
+  if (meta.op == SPARSYNC_OP_GRADIENT) {
+    // The merge scheduler measures every gradient and groups those its plan covers.
+    ReadyGradient g;
+    g.slot = slot;
+    g.name = meta.name;
+    g.elements = static_cast<uint64_t>(meta.NumElements());
+    g.merge_class = FusionKey(meta);
+    g.dense = meta.compressor == SPARSYNC_COMPRESSOR_NONE ||
+              (meta.compressor == SPARSYNC_COMPRESSOR_DEFAULT && options_.merge.dense_by_default);
+    g.node_ready_ns = std::move(p.node_ready_ns);
+    bool planned = merge_.Ready(g, now);
+    AppendMergeOutputs();
+    if (planned) {
+      pending_by_name_.erase(meta.name);
+      pending_.erase(it);
+      return;
+    }
+  }
 
   Batched b;
   b.tensor.slot = slot;
@@ -134,6 +156,17 @@ void CoordinatorState::Flush() {
   batch_urgent_ = false;
 }
 
+void CoordinatorState::AppendMergeOutputs() {
+  for (MergeOutput& out : merge_.Take()) {
+    ScheduleEntry entry;
+    entry.plan = std::move(out.plan);
+    entry.plan_version = out.plan_version;
+    entry.group_index = out.group_index;
+    for (uint32_t slot : out.group) entry.group.push_back({slot, {}});
+    Append(std::move(entry));
+  }
+}
+
 void CoordinatorState::Append(ScheduleEntry entry) {
   entry.seq = next_seq_++;
   log_.push_back(std::move(entry));
@@ -142,6 +175,7 @@ void CoordinatorState::Append(ScheduleEntry entry) {
 void CoordinatorState::Fail(int node, const Status& error) {
   if (failed() || error.ok()) return;
   fatal_ = error;
+  merge_.Reset();
   pending_.clear();
   pending_by_name_.clear();
   batch_.clear();
@@ -194,6 +228,8 @@ std::vector<std::string> CoordinatorState::Tick(Clock::time_point now) {
   std::vector<std::string> warnings;
   if (failed()) return warnings;
   if (!batch_.empty() && (batch_urgent_ || now - batch_started_ >= options_.cycle)) Flush();
+  merge_.Tick(now);
+  AppendMergeOutputs();
   for (auto& [slot, p] : pending_) {
     const std::string& name = metas_[slot - 1].name;
     auto waited = now - p.first_report;
@@ -230,6 +266,7 @@ std::optional<Clock::time_point> CoordinatorState::NextDeadline() const {
     if (!next || t < *next) next = t;
   };
   if (!batch_.empty()) consider(batch_started_ + options_.cycle);
+  if (auto merge = merge_.NextDeadline()) consider(*merge);
   for (const auto& [slot, p] : pending_) {
     consider(p.first_report + options_.timeout);
     if (!p.warned) consider(p.first_report + options_.stall_warn);

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/negotiation/merge_scheduler.h"
 #include "daemon/negotiation/types.h"
 
 namespace sparsync::negotiation {
@@ -31,6 +32,7 @@ struct CoordinatorOptions {
   Clock::duration stall_warn = std::chrono::seconds(60);
   Clock::duration timeout = std::chrono::seconds(300);
   Clock::duration node_liveness = std::chrono::seconds(10);  // longest silence between polls
+  MergeOptions merge;  // how gradient tensors are grouped (merge_scheduler.h)
 };
 
 // A ready tensor in a report: either a known slot or an index into the report's new tensors.
@@ -38,6 +40,7 @@ struct ReportedReady {
   std::optional<uint32_t> slot;
   std::optional<uint32_t> new_index;
   std::vector<int64_t> worker_dim0;
+  int64_t ready_ns = 0;  // the node's steady clock when it became ready there (0: unknown)
 };
 
 class CoordinatorState {
@@ -71,12 +74,18 @@ class CoordinatorState {
   std::optional<Clock::time_point> NextDeadline() const;
 
   const TensorMeta* Meta(uint32_t slot) const;
+  // The planner's cost model (measured at start-up by the daemon).
+  void SetCostModel(const planning::CostModel& cost) { merge_.SetCostModel(cost); }
+  const MergeScheduler& merge() const { return merge_; }
+  // Informational lines for the log (plans made and dropped).
+  std::vector<std::string> TakeLog() { return merge_.TakeLog(); }
   size_t retained_entries() const { return log_.size(); }
 
  private:
   struct Pending {
     std::vector<bool> ready;                      // per node
     std::vector<std::vector<int64_t>> node_dims;  // ALLGATHER: per node, per local worker
+    std::vector<int64_t> node_ready_ns;           // per node, the node's own clock
     int ready_count = 0;
     Clock::time_point first_report;
     bool warned = false;
@@ -87,7 +96,9 @@ class CoordinatorState {
     uint64_t fusion_key = 0;
   };
 
-  void MarkReady(int node, uint32_t slot, std::vector<int64_t> dims, Clock::time_point now);
+  void MarkReady(int node, uint32_t slot, std::vector<int64_t> dims, int64_t ready_ns,
+                 Clock::time_point now);
+  void AppendMergeOutputs();
   void Flush();
   void Append(ScheduleEntry entry);
   std::string NodeList(const Pending& p, bool ready) const;
@@ -105,6 +116,7 @@ class CoordinatorState {
   std::vector<std::optional<Clock::time_point>> last_poll_;
   std::vector<uint64_t> acked_;
   std::vector<bool> left_;
+  MergeScheduler merge_;
   Status fatal_;
 };
 

@@ -67,6 +67,20 @@ void ToProto(const ScheduleEntry& in, v1::ScheduleEntry* out) {
     out->set_fatal_error(in.fatal.message());
     out->set_fatal_code(static_cast<uint32_t>(in.fatal.code()));
   }
+  if (in.plan) {
+    v1::Plan* p = out->mutable_plan();
+    p->set_version(in.plan->version);
+    p->set_effective_step(in.plan->effective_step);
+    p->set_planner(in.plan->planner);
+    for (const auto& group : in.plan->groups) {
+      auto* g = p->add_groups();
+      for (uint32_t slot : group) g->add_slots(slot);
+    }
+    p->set_predicted_s(in.plan->predicted_s);
+    p->set_summary(in.plan->summary);
+  }
+  out->set_plan_version(in.plan_version);
+  out->set_group_index(in.group_index);
 }
 
 ScheduleEntry FromProto(const v1::ScheduleEntry& in) {
@@ -80,6 +94,18 @@ ScheduleEntry FromProto(const v1::ScheduleEntry& in) {
     e.fatal = Status(code >= 1 && code <= 7 ? static_cast<StatusCode>(code) : StatusCode::kAborted,
                      in.fatal_error());
   }
+  if (in.has_plan()) {
+    PlanInfo p;
+    p.version = in.plan().version();
+    p.effective_step = in.plan().effective_step();
+    p.planner = in.plan().planner();
+    for (const auto& g : in.plan().groups()) p.groups.emplace_back(g.slots().begin(), g.slots().end());
+    p.predicted_s = in.plan().predicted_s();
+    p.summary = in.plan().summary();
+    e.plan = std::move(p);
+  }
+  e.plan_version = in.plan_version();
+  e.group_index = in.group_index();
   return e;
 }
 

@@ -95,6 +95,7 @@ Result<std::vector<uint32_t>> GrpcCoordinatorLink::Report(
     if (r.slot) out->set_slot(*r.slot);
     if (r.new_index) out->set_new_index(*r.new_index);
     for (int64_t d : r.worker_dim0) out->add_worker_dim0(d);
+    out->set_ready_ns(r.ready_ns);
   }
   v1::ReportResponse resp;
   SPARSYNC_RETURN_IF_ERROR(FromGrpc(stub_->Report(&ctx, req, &resp), "reporting to the coordinator"));

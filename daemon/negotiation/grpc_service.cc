@@ -52,6 +52,7 @@ class CoordinatorServer::Service final : public v1::Coordinator::Service {
       if (r.ref_case() == v1::ReadyTensor::kSlot) rr.slot = r.slot();
       if (r.ref_case() == v1::ReadyTensor::kNewIndex) rr.new_index = r.new_index();
       rr.worker_dim0.assign(r.worker_dim0().begin(), r.worker_dim0().end());
+      rr.ready_ns = r.ready_ns();
       ready.push_back(std::move(rr));
     }
     auto slots = core_->Report(static_cast<int>(req->node_rank()), metas, ready);

@@ -65,6 +65,7 @@ void NodeAgent::SendReports(std::vector<ReadyTensorReport> batch) {
   for (auto& r : batch) {
     ReportedReady rr;
     rr.worker_dim0 = std::move(r.worker_dim0);
+    rr.ready_ns = r.ready_ns;
     uint32_t slot = r.slot;
     if (slot == 0) {
       std::string key = r.meta.SignatureKey();
@@ -149,6 +150,42 @@ void NodeAgent::InjectFatal(const Status& error) {
 }
 
 std::vector<ScheduleEntry> NodeAgent::Next(std::chrono::milliseconds wait) {
+  return FollowPlans(Receive(wait));
+}
+
+std::vector<ScheduleEntry> NodeAgent::FollowPlans(std::vector<ScheduleEntry> entries) {
+  std::vector<ScheduleEntry> out;
+  out.reserve(entries.size());
+  for (ScheduleEntry& e : entries) {
+    if (e.plan) {
+      spdlog::info("following merge plan v{} ({}) from step {}: {} groups, predicted {:.2f} ms",
+                   e.plan->version, e.plan->planner, e.plan->effective_step,
+                   e.plan->groups.size(), e.plan->predicted_s * 1e3);
+      plan_ = std::move(*e.plan);
+      continue;
+    }
+    if (e.plan_version != 0 && e.fatal.ok()) {
+      // The coordinator's groups are the plan it announced; a mismatch is a bug, not noise.
+      bool matches = plan_ && plan_->version == e.plan_version &&
+                     e.group_index < plan_->groups.size() &&
+                     plan_->groups[e.group_index].size() == e.group.size();
+      for (size_t i = 0; matches && i < e.group.size(); ++i) {
+        matches = plan_->groups[e.group_index][i] == e.group[i].slot;
+      }
+      if (!matches) {
+        e.fatal = Internal("schedule entry " + std::to_string(e.seq) + " claims group " +
+                           std::to_string(e.group_index) + " of plan v" +
+                           std::to_string(e.plan_version) + " but does not match the plan node " +
+                           std::to_string(node_rank_) + " received");
+        e.group.clear();
+      }
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::vector<ScheduleEntry> NodeAgent::Receive(std::chrono::milliseconds wait) {
   std::vector<ScheduleEntry> out;
   if (direct_) {
     uint64_t after;

@@ -20,6 +20,7 @@ struct ReadyTensorReport {
   TensorMeta meta;
   uint32_t slot = 0;  // known slot, or 0
   std::vector<int64_t> worker_dim0;
+  int64_t ready_ns = 0;  // this node's steady clock when the tensor became ready here
 };
 
 class NodeAgent {
@@ -45,6 +46,9 @@ class NodeAgent {
 
  private:
   void SendReports(std::vector<ReadyTensorReport> batch);
+  std::vector<ScheduleEntry> Receive(std::chrono::milliseconds wait);
+  // Takes plan announcements out of `entries` and checks that groups match their plan.
+  std::vector<ScheduleEntry> FollowPlans(std::vector<ScheduleEntry> entries);
   void PollLoop();
   void InjectFatal(const Status& error);
 
@@ -63,6 +67,7 @@ class NodeAgent {
   bool fatal_injected_ = false;
   std::mutex send_mu_;  // serialises reports (direct mode sends on the caller's thread)
   std::unordered_map<std::string, uint32_t> slots_;  // signature -> slot; guarded by send_mu_
+  std::optional<PlanInfo> plan_;  // the latest plan; only the executor's thread calls Next
   std::thread reporter_;
   std::thread poller_;
 };

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,11 +43,26 @@ struct GroupTensor {
   std::vector<int64_t> worker_dim0;  // ALLGATHER: every worker's first dimension, rank order
 };
 
+// A merge plan as every node receives it (planning/planner.h): from step `effective_step` on,
+// the gradient tensors are exchanged in these groups.
+struct PlanInfo {
+  uint32_t version = 0;  // 1, 2, ...
+  uint64_t effective_step = 0;
+  std::string planner;   // "omgs", "optimal", ...
+  std::vector<std::vector<uint32_t>> groups;  // slots, in the order backward produces them
+  double predicted_s = 0;  // the planner's iteration time, from the first gradient ready
+  std::string summary;     // cost model and the other planners' predictions, for the log
+  bool operator==(const PlanInfo&) const = default;
+};
+
 // One step of the schedule that every node executes in the same order.
 struct ScheduleEntry {
   uint64_t seq = 0;
-  std::vector<GroupTensor> group;  // a merge group, or empty when `fatal` is set
+  std::vector<GroupTensor> group;  // a merge group; empty for a plan or a fatal entry
   Status fatal;                    // non-OK: the job failed; fail everything pending
+  std::optional<PlanInfo> plan;    // a new plan: announced before its first group
+  uint32_t plan_version = 0;       // the plan this group belongs to (0: none)
+  uint32_t group_index = 0;        // its index in that plan
 };
 
 std::string DTypeName(uint32_t dtype);

@@ -196,6 +196,9 @@ Status TensorTable::OnReady(const std::shared_ptr<intake::WorkerSession>& sessio
         ReadyNotice n;
         n.meta = t.meta;
         n.slot = t.slot;
+        n.ready_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now().time_since_epoch())
+                         .count();
         if (t.meta.op == SPARSYNC_OP_ALLGATHER) {
           for (const auto& p : t.parts) n.worker_dim0.push_back(p->dim0);
         }

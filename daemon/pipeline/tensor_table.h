@@ -32,6 +32,7 @@ struct ReadyNotice {
   negotiation::TensorMeta meta;
   uint32_t slot = 0;                 // 0 until the coordinator assigned one
   std::vector<int64_t> worker_dim0;  // ALLGATHER: each local worker's first dimension
+  int64_t ready_ns = 0;              // steady clock when the last local worker posted it
 };
 
 // One local worker's part of a tensor in a group being executed.

@@ -50,6 +50,35 @@ std::string LinearCost::ToString() const {
   return buf;
 }
 
+CostModel EstimatedCostModel(int num_nodes, double density, bool dense) {
+  CostModel m;
+  double p = std::max(2, num_nodes);
+  if (dense) {
+    // Ring allreduce: 2(P-1) start-ups, 2(P-1)/P of the bytes through a 1 Gb/s link.
+    m.exchange.fixed_s = 2 * (p - 1) * 50e-6;
+    m.exchange.per_element_s = 2 * (p - 1) / p * 4 / 117e6;
+    return m;
+  }
+  // t_c(x) = 2 (a_P + b_P * 4 * P * k), k = density * x: values and indices gathered separately.
+  struct Fit {
+    int nodes;
+    double a, b;
+  };
+  static constexpr Fit kFits[] = {{2, 1.6e-3, 1e-8}, {4, 2.7e-3, 1.3e-8}, {8, 4e-3, 1.5e-8},
+                                  {16, 1.1e-2, 1.7e-8}};
+  Fit fit = kFits[0];
+  for (const Fit& f : kFits) {
+    if (std::abs(std::log2(f.nodes) - std::log2(p)) < std::abs(std::log2(fit.nodes) - std::log2(p))) {
+      fit = f;
+    }
+  }
+  m.exchange.fixed_s = 2 * fit.a;
+  m.exchange.per_element_s = 2 * fit.b * 4 * p * density;
+  m.sparsify.fixed_s = 20e-6;
+  m.sparsify.per_element_s = 0.6e-9;
+  return m;
+}
+
 std::string CostModel::ToString() const {
   return "t_s = " + sparsify.ToString() + ", t_c = " + exchange.ToString();
 }

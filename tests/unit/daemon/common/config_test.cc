@@ -41,6 +41,30 @@ TEST(ConfigTest, MergeAcceptsPlainBytesAndSuffixes) {
   EXPECT_EQ(Parse({"--merge", "fixed:2GiB"}).config.merge.bucket_bytes, 2ull << 30);
 }
 
+TEST(ConfigTest, MergeNamesAPlannerOrAList) {
+  EXPECT_EQ(Parse({}).config.merge.planners, std::vector<std::string>{"omgs"});
+  EXPECT_EQ(Parse({"--merge", "fixed:4096"}).config.merge.planners,
+            std::vector<std::string>{"fixed"});
+  MergePolicy list = Parse({"--merge", "layerwise,fixed:1KiB,optimal"}).config.merge;
+  EXPECT_EQ(list.planners, (std::vector<std::string>{"layerwise", "fixed", "optimal"}));
+  EXPECT_EQ(list.bucket_bytes, 1024u);
+  for (const char* bad : {"", "omgs,", "greedy", "omgs,,single", "fixed:", "fixed:-3"}) {
+    ParsedConfig p = Parse({}, {{"SPARSYNC_MERGE", bad}});
+    EXPECT_TRUE(p.exit) << bad;
+    EXPECT_NE(p.message.find("SPARSYNC_MERGE"), std::string::npos) << p.message;
+  }
+  ParsedConfig p = Parse({}, {{"SPARSYNC_PLAN_WARMUP_STEPS", "3"},
+                              {"SPARSYNC_REPLAN_STEPS", "10"},
+                              {"SPARSYNC_REPLAN_DRIFT", "0.5"},
+                              {"SPARSYNC_CALIBRATE", "0"}});
+  ASSERT_FALSE(p.exit) << p.message;
+  EXPECT_EQ(p.config.merge.warmup_steps, 3);
+  EXPECT_EQ(p.config.merge.replan_steps, 10);
+  EXPECT_DOUBLE_EQ(p.config.merge.replan_drift, 0.5);
+  EXPECT_FALSE(p.config.merge.calibrate);
+  EXPECT_TRUE(Parse({}, {{"SPARSYNC_PLAN_WARMUP_STEPS", "0"}}).exit);
+}
+
 struct BadValue {
   std::string env;
   std::string value;
@@ -106,7 +130,11 @@ TEST(ConfigTest, HelpListsEveryVariableWithItsDefault) {
                           "SPARSYNC_NONFINITE"}) {
     EXPECT_NE(p.message.find(var), std::string::npos) << var;
   }
-  EXPECT_NE(p.message.find("default fixed:64MiB"), std::string::npos);
+  EXPECT_NE(p.message.find("default omgs"), std::string::npos);
+  for (const char* var : {"SPARSYNC_PLAN_WARMUP_STEPS", "SPARSYNC_REPLAN_DRIFT",
+                          "SPARSYNC_REPLAN_STEPS", "SPARSYNC_CALIBRATE"}) {
+    EXPECT_NE(p.message.find(var), std::string::npos) << var;
+  }
 }
 
 TEST(ConfigTest, UnknownFlagIsAnError) {

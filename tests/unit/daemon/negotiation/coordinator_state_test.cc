@@ -41,6 +41,7 @@ class CoordinatorStateTest : public ::testing::Test {
     o.stall_warn = seconds(5);
     o.timeout = seconds(20);
     o.node_liveness = seconds(10);
+    o.merge.warmup_steps = 1000;  // planning is tested in merge_scheduler_test.cc
     return CoordinatorState(o);
   }
   Clock::time_point t0 = Clock::now();

@@ -1,0 +1,143 @@
+// MergeScheduler: the coordinator's side of planning (DESIGN.md §1.5, ALGORITHMS.md §1). It sees
+// every gradient tensor when it becomes ready on all nodes, cuts the stream into training steps,
+// measures each layer's backward time from the nodes' ready timestamps, and once it has watched
+// `warmup_steps` steps with the same tensors it asks a planner (planning/planner.h) for merge
+// groups. The plan takes effect at the next step: from then on a group is released the moment its
+// last tensor is ready on every node (wait-free backpropagation: the exchange of early layers
+// overlaps the backward of later ones). Until then, and whenever the plan stops fitting the job,
+// the tensors go back to the coordinator's batching with fixed buckets (the safe plan).
+//
+// Steps. A step ends when every tensor of the previous step has been seen again; a tensor seen
+// twice before that ends the step early and marks it irregular (the set of gradients changed).
+// The plan is dropped, its partially ready groups released as they are, and measuring starts over
+// when: a tensor outside the plan becomes ready, a step is irregular, or a group stays partially
+// ready for longer than `group_wait` (a parameter without a gradient this step must not hang the
+// job). Re-plans happen when the measured backward time drifts by more than `replan_drift`, or
+// every `replan_steps` steps; each takes the next planner in `planners`.
+//
+// Timestamps. Each node stamps a tensor with its own monotonic clock; only differences between
+// two tensors of one node are used, so the nodes' clocks need not agree. The first gradient of a
+// step has no predecessor: its backward time is taken as zero, so predictions count from the
+// first gradient ready (forward and the last layer's backward are the same under every plan).
+//
+// Not thread-safe: CoordinatorState owns it.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/negotiation/types.h"
+#include "daemon/planning/cost_model.h"
+
+namespace sparsync::negotiation {
+
+struct MergeOptions {
+  std::vector<std::string> planners{"omgs"};  // see Config's MergePolicy
+  uint64_t bucket_bytes = 64ull << 20;        // the fixed planner's bucket
+  int warmup_steps = 5;
+  double replan_drift = 0.2;
+  int replan_steps = 0;
+  bool dense_by_default = false;     // the daemon's compressor is none: omgs means mgwfbp
+  bool sparsify_blocks_backward = false;
+  Clock::duration min_group_wait = std::chrono::milliseconds(500);
+};
+
+// A gradient tensor that became ready on every node.
+struct ReadyGradient {
+  uint32_t slot = 0;
+  std::string name;
+  uint64_t elements = 0;
+  uint64_t merge_class = 0;      // tensors of different classes never share a group
+  bool dense = false;            // reduced without compression
+  std::vector<int64_t> node_ready_ns;  // per node; 0: unknown
+};
+
+// What the coordinator appends to the schedule: a plan announcement or a group of slots.
+struct MergeOutput {
+  std::optional<PlanInfo> plan;
+  std::vector<uint32_t> group;
+  uint32_t plan_version = 0;
+  uint32_t group_index = 0;
+};
+
+class MergeScheduler {
+ public:
+  MergeScheduler(MergeOptions options, int num_nodes);
+
+  void SetCostModel(const planning::CostModel& cost) { cost_ = cost; }
+  const planning::CostModel& cost_model() const { return cost_; }
+
+  // Records `g`. Returns true when the current plan takes it (its group comes out of Take());
+  // false: the caller schedules it (warm-up, or no plan fits).
+  bool Ready(const ReadyGradient& g, Clock::time_point now);
+  // Releases partially ready groups that waited too long (and drops the plan).
+  void Tick(Clock::time_point now);
+  std::optional<Clock::time_point> NextDeadline() const;
+  // Plans and groups to append to the schedule, in order.
+  std::vector<MergeOutput> Take();
+  // Lines for the log (plans, drops).
+  std::vector<std::string> TakeLog();
+  // Forgets everything (the job failed).
+  void Reset();
+
+  uint64_t step() const { return step_; }
+  const std::optional<PlanInfo>& plan() const { return plan_; }
+
+ private:
+  struct StepSample {
+    std::vector<uint32_t> order;                    // slots in global readiness order
+    std::vector<std::vector<int64_t>> node_ready;   // per position, per node
+    double span_s = 0;                              // coordinator time, first to last ready
+  };
+  struct Layer {
+    std::string name;
+    uint64_t elements = 0;
+    uint64_t merge_class = 0;
+    bool dense = false;
+  };
+  struct GroupState {
+    std::vector<uint32_t> slots;
+    size_t ready = 0;
+    std::vector<bool> is_ready;
+    Clock::time_point first_ready;
+  };
+
+  void CloseStep(bool regular);
+  void MaybePlan();
+  void MakePlan(const std::string& why);
+  void DropPlan(const std::string& why);
+  std::vector<double> BackwardTimes(const std::vector<uint32_t>& order) const;
+
+  const MergeOptions options_;
+  const int num_nodes_;
+  planning::CostModel cost_;
+
+  uint64_t step_ = 0;
+  // The step being watched.
+  std::set<uint32_t> in_step_;
+  StepSample current_;
+  Clock::time_point step_first_ready_;
+  // The previous complete step's tensors (empty before the first step ends).
+  std::set<uint32_t> expected_;
+  std::unordered_map<uint32_t, Layer> layers_;
+  // Samples of the recent regular steps with the same tensors (the planner's measurements).
+  std::deque<StepSample> samples_;
+  bool skip_next_sample_ = true;  // the job's first step includes start-up
+
+  std::optional<PlanInfo> plan_;
+  uint32_t plans_made_ = 0;
+  double plan_span_s_ = 0;         // the backward span the plan was made for
+  Clock::duration group_wait_{};   // how long a partially ready group may wait
+  uint64_t steps_under_plan_ = 0;
+  std::unordered_map<uint32_t, size_t> group_of_;  // slot -> group index
+  std::vector<GroupState> groups_;
+  std::vector<MergeOutput> out_;
+  std::vector<std::string> log_;
+};
+
+}  // namespace sparsync::negotiation

@@ -1,0 +1,238 @@
+#include "daemon/negotiation/merge_scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include "daemon/negotiation/coordinator_state.h"
+#include "proto/intake/wire.h"
+
+namespace sparsync::negotiation {
+namespace {
+
+using std::chrono::milliseconds;
+using Groups = std::vector<std::vector<uint32_t>>;
+
+// A job with three gradients A=1, B=2, C=3 (backward order), ready 10 ms apart on every node.
+// Node clocks disagree by an offset: only differences within a node count.
+class MergeSchedulerTest : public ::testing::Test {
+ protected:
+  MergeOptions Options(std::vector<std::string> planners, int warmup = 2) {
+    MergeOptions o;
+    o.planners = std::move(planners);
+    o.warmup_steps = warmup;
+    o.min_group_wait = milliseconds(100);
+    return o;
+  }
+
+  // One step; returns what Ready answered per tensor. `gap_ms` between consecutive gradients.
+  std::vector<bool> Step(MergeScheduler& m, double gap_ms = 10, std::vector<uint32_t> slots = {1, 2, 3}) {
+    std::vector<bool> taken;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      ReadyGradient g;
+      g.slot = slots[i];
+      g.name = std::string(1, static_cast<char>('A' + slots[i] - 1));
+      g.elements = slots[i] == 2 ? 10 : 1000;
+      int64_t t = clock_ns_ + static_cast<int64_t>(i * gap_ms * 1e6);
+      g.node_ready_ns = {t, t + 123456789};
+      taken.push_back(m.Ready(g, now_ + milliseconds(static_cast<int64_t>(i * gap_ms))));
+    }
+    clock_ns_ += 1'000'000'000;
+    now_ += std::chrono::seconds(1);
+    return taken;
+  }
+
+  static Groups GroupsOf(const std::vector<MergeOutput>& outs) {
+    Groups g;
+    for (const auto& o : outs) {
+      if (!o.plan) g.push_back(o.group);
+    }
+    return g;
+  }
+  static std::vector<PlanInfo> PlansOf(const std::vector<MergeOutput>& outs) {
+    std::vector<PlanInfo> p;
+    for (const auto& o : outs) {
+      if (o.plan) p.push_back(*o.plan);
+    }
+    return p;
+  }
+
+  int64_t clock_ns_ = 5'000'000'000;
+  Clock::time_point now_ = Clock::now();
+};
+
+TEST_F(MergeSchedulerTest, WarmsUpThenPlansAndReleasesCompleteGroups) {
+  MergeScheduler m(Options({"layerwise"}), 2);
+  // Step 0 (start-up, not measured) and steps 1-2 (measured) run without a plan.
+  for (int step = 0; step < 3; ++step) {
+    EXPECT_EQ(Step(m), (std::vector<bool>{false, false, false})) << step;
+  }
+  auto outs = m.Take();
+  auto plans = PlansOf(outs);
+  ASSERT_EQ(plans.size(), 1u);
+  EXPECT_EQ(plans[0].version, 1u);
+  EXPECT_EQ(plans[0].effective_step, 3u);
+  EXPECT_EQ(plans[0].planner, "layerwise");
+  EXPECT_EQ(plans[0].groups, (Groups{{1}, {2}, {3}}));
+  EXPECT_EQ(m.step(), 3u);
+  EXPECT_EQ(Step(m), (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(GroupsOf(m.Take()), (Groups{{1}, {2}, {3}}));
+  auto log = m.TakeLog();
+  ASSERT_FALSE(log.empty());
+  EXPECT_NE(log[0].find("plan v1 (layerwise) from step 3"), std::string::npos) << log[0];
+  EXPECT_NE(log[0].find("predicted"), std::string::npos) << log[0];
+}
+
+TEST_F(MergeSchedulerTest, AGroupWaitsForItsLastTensor) {
+  MergeScheduler m(Options({"single"}, 1), 2);
+  // With one warm-up step, step 0 is measured; it ends when A comes again, and the plan made
+  // then covers step 1 from A on.
+  Step(m);
+  EXPECT_TRUE(m.Take().empty());
+  ReadyGradient a{1, "A", 1000, 0, false, {1, 1}};
+  ReadyGradient b{2, "B", 10, 0, false, {2, 2}};
+  ReadyGradient c{3, "C", 1000, 0, false, {3, 3}};
+  EXPECT_TRUE(m.Ready(a, now_));
+  EXPECT_EQ(PlansOf(m.Take()).size(), 1u);
+  EXPECT_TRUE(m.Ready(b, now_));
+  EXPECT_TRUE(m.Take().empty());
+  EXPECT_TRUE(m.Ready(c, now_));
+  EXPECT_EQ(GroupsOf(m.Take()), (Groups{{1, 2, 3}}));
+}
+
+TEST_F(MergeSchedulerTest, BackwardTimesComeFromEachNodesOwnClock) {
+  MergeOptions o = Options({"single"}, 2);
+  MergeScheduler m(o, 2);
+  m.SetCostModel({});  // free selection and exchange: the prediction is the backward span
+  for (int step = 0; step < 3; ++step) Step(m, /*gap_ms=*/10);
+  auto plans = PlansOf(m.Take());
+  ASSERT_EQ(plans.size(), 1u);
+  EXPECT_NEAR(plans[0].predicted_s, 0.020, 1e-9);
+}
+
+TEST_F(MergeSchedulerTest, AGradientOutsideThePlanDropsItAndReleasesPartialGroups) {
+  MergeScheduler m(Options({"single"}, 1), 2);
+  Step(m);
+  m.Take();
+  ReadyGradient a{1, "A", 1000, 0, false, {1, 1}};
+  ReadyGradient d{4, "D", 1000, 0, false, {2, 2}};
+  EXPECT_TRUE(m.Ready(a, now_));
+  EXPECT_FALSE(m.Ready(d, now_)) << "D is not in the plan: the caller schedules it";
+  EXPECT_EQ(GroupsOf(m.Take()), (Groups{{1}})) << "A is released, not stranded";
+  EXPECT_FALSE(m.plan().has_value());
+  auto log = m.TakeLog();
+  EXPECT_NE(log.back().find("dropped"), std::string::npos);
+}
+
+TEST_F(MergeSchedulerTest, APartialGroupIsReleasedAfterWaiting) {
+  MergeScheduler m(Options({"single"}, 1), 2);
+  Step(m);
+  m.Take();
+  ReadyGradient a{1, "A", 1000, 0, false, {1, 1}};
+  EXPECT_TRUE(m.Ready(a, now_));
+  EXPECT_EQ(PlansOf(m.Take()).size(), 1u);
+  ASSERT_TRUE(m.NextDeadline().has_value());
+  m.Tick(now_ + milliseconds(50));
+  EXPECT_TRUE(m.Take().empty());
+  m.Tick(*m.NextDeadline());
+  EXPECT_EQ(GroupsOf(m.Take()), (Groups{{1}}));
+  EXPECT_FALSE(m.plan().has_value());
+  auto log = m.TakeLog();
+  EXPECT_NE(log.back().find("'B', 'C'"), std::string::npos) << log.back();
+  // Measuring starts again; the job goes on with fixed buckets.
+  EXPECT_FALSE(m.Ready({2, "B", 10, 0, false, {2, 2}}, now_));
+}
+
+TEST_F(MergeSchedulerTest, ReplansWhenBackwardDrifts) {
+  MergeScheduler m(Options({"layerwise", "single"}, 2), 2);
+  for (int step = 0; step < 3; ++step) Step(m, 10);
+  ASSERT_EQ(PlansOf(m.Take()).size(), 1u);
+  for (int step = 0; step < 2; ++step) Step(m, 10);
+  EXPECT_TRUE(PlansOf(m.Take()).empty()) << "no drift, no new plan";
+  for (int step = 0; step < 2; ++step) Step(m, 30);
+  auto plans = PlansOf(m.Take());
+  ASSERT_EQ(plans.size(), 1u);
+  EXPECT_EQ(plans[0].version, 2u);
+  EXPECT_EQ(plans[0].planner, "single") << "each re-plan takes the next planner of the list";
+}
+
+TEST_F(MergeSchedulerTest, ReplansEveryNSteps) {
+  MergeOptions o = Options({"layerwise", "single"}, 1);
+  o.replan_steps = 2;
+  MergeScheduler m(o, 2);
+  Step(m);
+  std::vector<std::string> planners;
+  for (int step = 0; step < 6; ++step) {
+    Step(m);
+    for (const auto& p : PlansOf(m.Take())) planners.push_back(p.planner);
+  }
+  // v1 when step 0 ends, then one every two steps: after steps 2, 4 and 6.
+  EXPECT_EQ(planners, (std::vector<std::string>{"layerwise", "single", "layerwise", "single"}));
+}
+
+TEST_F(MergeSchedulerTest, ChangingSetOfGradientsNeverPlans) {
+  MergeScheduler m(Options({"omgs"}, 2), 2);
+  for (int step = 0; step < 6; ++step) {
+    Step(m, 10, step % 2 ? std::vector<uint32_t>{1, 2, 3} : std::vector<uint32_t>{1, 3});
+  }
+  EXPECT_TRUE(PlansOf(m.Take()).empty());
+}
+
+TEST_F(MergeSchedulerTest, DenseJobsUseMgWfbp) {
+  MergeOptions o = Options({"omgs"}, 1);
+  MergeScheduler m(o, 2);
+  ReadyGradient a{1, "A", 1000, 0, /*dense=*/true, {1, 1}};
+  m.Ready(a, now_);
+  m.Ready(a, now_);  // the repeat ends step 0
+  auto plans = PlansOf(m.Take());
+  ASSERT_EQ(plans.size(), 1u);
+  EXPECT_EQ(plans[0].planner, "mgwfbp");
+}
+
+// The coordinator: planned groups go straight to the schedule, announced by their plan, and
+// carry its version; explicit collectives keep their own path.
+TEST(CoordinatorPlanningTest, ScheduleCarriesThePlanAndItsGroups) {
+  CoordinatorOptions o;
+  o.num_nodes = 2;
+  o.cycle = milliseconds(0);
+  o.merge.planners = {"single"};
+  o.merge.warmup_steps = 1;
+  CoordinatorState s(o);
+  auto now = Clock::now();
+  TensorMeta w;
+  w.name = "w";
+  w.op = SPARSYNC_OP_GRADIENT;
+  w.dtype = SPARSYNC_FLOAT32;
+  w.shape = {100};
+  TensorMeta b = w;
+  b.name = "b";
+  b.shape = {3};
+  auto report = [&](int node, std::vector<uint32_t> slots, int64_t t) {
+    std::vector<ReportedReady> ready;
+    for (uint32_t slot : slots) {
+      ReportedReady r;
+      r.slot = slot;
+      r.ready_ns = t;
+      ready.push_back(r);
+    }
+    ASSERT_TRUE(s.Report(node, {}, ready, now).ok());
+  };
+  std::vector<uint32_t> slots = *s.Report(0, {w, b}, {}, now);
+  ASSERT_TRUE(s.Report(1, {w, b}, {}, now).ok());
+  for (int step = 0; step < 2; ++step) {
+    for (int node = 0; node < 2; ++node) report(node, slots, 1000 + step);
+  }
+  auto entries = s.EntriesAfter(0);
+  // Step 0: fixed buckets (one fused entry); the repeat ends step 0, so the plan comes next and
+  // step 1 follows it as the plan's one group.
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_EQ(entries[0].group.size(), 2u);
+  EXPECT_EQ(entries[0].plan_version, 0u);
+  ASSERT_TRUE(entries[1].plan.has_value());
+  EXPECT_EQ(entries[1].plan->groups, (Groups{{slots[0], slots[1]}}));
+  EXPECT_TRUE(entries[1].group.empty());
+  EXPECT_EQ(entries[2].plan_version, 1u);
+  EXPECT_EQ(entries[2].group.size(), 2u);
+  EXPECT_FALSE(s.TakeLog().empty());
+}
+
+}  // namespace
+}  // namespace sparsync::negotiation
