@@ -11,6 +11,7 @@ packages=(
   libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev pybind11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv python3-pip python3-numpy python3-pytest python3-torch python3-torchvision
+  python3-matplotlib
   dataset-fashion-mnist
 )
 
