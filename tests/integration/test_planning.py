@@ -1,0 +1,57 @@
+"""Merge planning on 4 nodes: plans are made from measured steps, distributed, followed by every
+node, and changed mid-run without breaking bit-identical training."""
+
+import json
+import re
+
+import numpy as np
+
+
+def _identical_and_learning(job, n):
+    params = [dict(np.load(job.outdir / ("rank%d.npz" % r))) for r in range(n)]
+    for key in params[0]:
+        for r in range(1, n):
+            assert params[r][key].tobytes() == params[0][key].tobytes(), (key, r)
+    losses = [json.loads((job.outdir / ("rank%d.json" % r)).read_text()) for r in range(n)]
+    first = np.mean([l[0] for l in losses])
+    last = np.mean([l[-1] for l in losses])
+    assert last < 0.95 * first, "did not learn: loss %.4f -> %.4f" % (first, last)
+
+
+def _full_logs(job):
+    return "\n".join(f.read_text(errors="replace") for f in sorted(job.tmp.glob("*.log")))
+
+
+def test_replanning_mid_run_keeps_every_node_identical(job_factory):
+    # One warm-up step, then a new plan every 3 steps, cycling through four planners whose groups
+    # differ (every tensor alone, one group, and the two planned ones): residuals must carry over.
+    job = job_factory(4, 1, {"SPARSYNC_COMPRESSOR": "topk", "SPARSYNC_DENSITY": "0.05",
+                             "SPARSYNC_MIN_COMPRESS_BYTES": "0",
+                             "SPARSYNC_MERGE": "layerwise,single,omgs,optimal",
+                             "SPARSYNC_PLAN_WARMUP_STEPS": "1", "SPARSYNC_REPLAN_STEPS": "3"})
+    rcs = job.run_workers("train_sparse.py", timeout_s=150)
+    assert rcs == [0] * 4, "workers failed: %s\n%s" % (rcs, job.logs())
+    _identical_and_learning(job, 4)
+    log = _full_logs(job)
+    made = re.findall(r"planner: plan v(\d+) \((\w+)\) from step (\d+)", log)
+    planners = [p for _, p, _ in made]
+    assert planners[:4] == ["layerwise", "single", "omgs", "optimal"], planners
+    assert len(made) >= 6, made
+    assert "dropped" not in log, "a plan was dropped in a steady job"
+    # Every node follows every plan.
+    assert len(re.findall(r"following merge plan v2 \(single\)", log)) == 4, log
+    job.assert_clean_after_stop(job.stop())
+
+
+def test_default_planner_plans_after_warm_up(job_factory):
+    job = job_factory(2, 1, {"SPARSYNC_COMPRESSOR": "topk", "SPARSYNC_DENSITY": "0.05",
+                             "SPARSYNC_MIN_COMPRESS_BYTES": "4KiB"})
+    rcs = job.run_workers("train_sparse.py", timeout_s=150)
+    assert rcs == [0, 0], "workers failed: %s\n%s" % (rcs, job.logs())
+    _identical_and_learning(job, 2)
+    log = _full_logs(job)
+    match = re.search(r"planner: plan v1 \(omgs\) from step (\d+): .*predicted ([0-9.]+) ms", log)
+    assert match, log
+    assert int(match.group(1)) == 6, "5 warm-up steps, the first not measured"
+    assert "predicted: optimal" in log
+    job.assert_clean_after_stop(job.stop())
