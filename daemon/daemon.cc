@@ -10,6 +10,7 @@
 #include "daemon/pipeline/executor.h"
 #include "daemon/pipeline/tensor_table.h"
 #include "daemon/transport/gloo/gloo_transport.h"
+#include "daemon/transport/nccl/create_nccl_transport.h"
 
 namespace sparsync {
 namespace {
@@ -80,11 +81,19 @@ Status Daemon::Start() {
   spdlog::info("all {} node(s) joined", config_.num_nodes);
 
   store_ = std::make_unique<LinkStore>(link_);
-  auto transport = transport::GlooTransport::Create(config_.node_rank, config_.num_nodes,
-                                                    config_.listen, store_.get(), config_.timeout());
-  if (!transport.ok()) return transport.status();
-  transport_ = std::move(*transport);
-  spdlog::info("Gloo mesh connected");
+  if (config_.transport == TransportKind::kNccl) {
+    auto transport = transport::CreateNcclTransport(config_.node_rank, config_.num_nodes,
+                                                    store_.get(), config_.timeout(), /*device=*/0);
+    if (!transport.ok()) return transport.status();
+    transport_ = std::move(*transport);
+    spdlog::info("NCCL communicator ready");
+  } else {
+    auto transport = transport::GlooTransport::Create(
+        config_.node_rank, config_.num_nodes, config_.listen, store_.get(), config_.timeout());
+    if (!transport.ok()) return transport.status();
+    transport_ = std::move(*transport);
+    spdlog::info("Gloo mesh connected");
+  }
 
   pipeline::World world{config_.node_rank, config_.num_nodes, config_.local_size};
   // The table reports to the agent, which is built next; neither is used before intake starts.

@@ -281,13 +281,19 @@ std::vector<Setting> Settings() {
         c->merge.calibrate = v == "1";
         return Status::Ok();
       });
-  add("transport", "SPARSYNC_TRANSPORT", "auto", "collective backend: auto or gloo",
+  add("transport", "SPARSYNC_TRANSPORT", "auto",
+      "collective backend between nodes: auto (gloo), gloo, or nccl (CUDA device 0; gradients "
+      "are staged through it)",
       [](const Setting& st, const std::string& v, Config* c) {
         if (v == "auto" || v == "gloo") {
           c->transport = TransportKind::kGloo;
           return Status::Ok();
         }
-        return Reject(st, v, "accepted values: auto, gloo");
+        if (v == "nccl") {
+          c->transport = TransportKind::kNccl;
+          return Status::Ok();
+        }
+        return Reject(st, v, "accepted values: auto, gloo, nccl");
       });
   add("device", "SPARSYNC_DEVICE", "auto", "where gradients are reduced: auto or cpu",
       [](const Setting& st, const std::string& v, Config*) {
@@ -375,7 +381,8 @@ std::string Config::Describe() const {
     if (merge.planners[i] == "fixed") o << ":" << merge.bucket_bytes << "B";
   }
   o << " (plan after " << merge.warmup_steps << " steps)"
-    << ", transport gloo, timeout " << timeout_s << "s";
+    << ", transport " << (transport == TransportKind::kNccl ? "nccl" : "gloo") << ", timeout "
+    << timeout_s << "s";
   return o.str();
 }
 

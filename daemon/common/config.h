@@ -18,7 +18,7 @@ const char* CompressorName(Compressor c);
 enum class IndexCoding { kRaw, kDelta };
 enum class ValueDType { kFloat32, kFloat16 };
 enum class NonFinitePolicy { kError, kSkip };
-enum class TransportKind { kGloo };
+enum class TransportKind { kGloo, kNccl };
 
 // How gradient tensors are merged into groups (planning/planner.h). The coordinator runs the
 // first `warmup_steps` steps with fixed buckets while it measures, then plans with `planners[0]`;

@@ -1,13 +1,14 @@
 """Errors reach every worker: shape mismatch, a killed worker, a daemon that is not there."""
 
 import json
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import REPO, sparsync_env
+from conftest import REPO, free_port, sparsync_env
 
 TIMEOUT_S = 20
 
@@ -79,3 +80,14 @@ def test_unreachable_daemon_names_the_variable(short_tmp, client_library):
     assert "SPARSYNC_SOCKET" in out.stdout and "nobody.sock" in out.stdout
     assert "sparsyncd" in out.stdout and "sparsyncrun" in out.stdout
     assert time.monotonic() - start < 30
+
+
+def test_nccl_transport_without_a_gpu_stops_with_a_clear_error(daemon, short_tmp):
+    # No GPU here (or a build without NCCL): the daemon must refuse at start, not hang.
+    env = dict(os.environ, SPARSYNC_TRANSPORT="nccl", SPARSYNC_SOCKET=str(short_tmp / "d.sock"),
+               SPARSYNC_COORDINATOR="127.0.0.1:%d" % free_port(), SPARSYNC_TIMEOUT_S="20")
+    proc = subprocess.run([daemon], env=env, capture_output=True, text=True, timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("a usable GPU is present: the NCCL transport started")
+    text = proc.stdout + proc.stderr
+    assert "NCCL" in text or "nccl" in text, text
