@@ -7,6 +7,7 @@
 #include "daemon/negotiation/grpc_link.h"
 #include "daemon/negotiation/grpc_service.h"
 #include "daemon/negotiation/node_agent.h"
+#include "daemon/pipeline/calibration.h"
 #include "daemon/pipeline/executor.h"
 #include "daemon/pipeline/tensor_table.h"
 #include "daemon/transport/gloo/gloo_transport.h"
@@ -96,6 +97,15 @@ Status Daemon::Start() {
   }
 
   pipeline::World world{config_.node_rank, config_.num_nodes, config_.local_size};
+  if (config_.merge.calibrate) {
+    // Every node takes part; node 0's fit is broadcast, and its coordinator plans with it.
+    pipeline::CalibrationOptions calibration;
+    calibration.budget_s = 2.0;
+    auto cost = pipeline::CalibrateCostModel(config_, world, transport_.get(), calibration);
+    if (!cost.ok()) return cost.status();
+    spdlog::info("measured cost model: {}", cost->ToString());
+    if (core_) core_->SetCostModel(*cost);
+  }
   // The table reports to the agent, which is built next; neither is used before intake starts.
   table_ = std::make_unique<pipeline::TensorTable>(
       world, config_.job_token,

@@ -102,7 +102,7 @@ ScheduleEntry FromProto(const v1::ScheduleEntry& in) {
     for (const auto& g : in.plan().groups()) p.groups.emplace_back(g.slots().begin(), g.slots().end());
     p.predicted_s = in.plan().predicted_s();
     p.summary = in.plan().summary();
-    e.plan = std::move(p);
+    e.plan = std::make_shared<const PlanInfo>(std::move(p));
   }
   e.plan_version = in.plan_version();
   e.group_index = in.group_index();

@@ -55,7 +55,7 @@ bool MergeScheduler::Ready(const ReadyGradient& g, Clock::time_point now) {
         ++group.ready;
       }
       if (group.ready == group.slots.size()) {
-        out_.push_back({std::nullopt, group.slots, plan_->version,
+        out_.push_back({nullptr, group.slots, plan_->version,
                         static_cast<uint32_t>(it->second)});
         group.ready = 0;
         std::fill(group.is_ready.begin(), group.is_ready.end(), false);
@@ -228,7 +228,7 @@ void MergeScheduler::MakePlan(const std::string& why) {
                  ", predicted " + Ms(info.predicted_s) + " (" + info.summary + "); " + why);
   plan_ = info;
   MergeOutput announce;
-  announce.plan = std::move(info);
+  announce.plan = std::make_shared<const PlanInfo>(std::move(info));
   out_.push_back(std::move(announce));
 }
 

@@ -25,6 +25,7 @@
 
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -59,7 +60,7 @@ struct ReadyGradient {
 
 // What the coordinator appends to the schedule: a plan announcement or a group of slots.
 struct MergeOutput {
-  std::optional<PlanInfo> plan;
+  std::shared_ptr<const PlanInfo> plan;
   std::vector<uint32_t> group;
   uint32_t plan_version = 0;
   uint32_t group_index = 0;

@@ -161,7 +161,7 @@ std::vector<ScheduleEntry> NodeAgent::FollowPlans(std::vector<ScheduleEntry> ent
       spdlog::info("following merge plan v{} ({}) from step {}: {} groups, predicted {:.2f} ms",
                    e.plan->version, e.plan->planner, e.plan->effective_step,
                    e.plan->groups.size(), e.plan->predicted_s * 1e3);
-      plan_ = std::move(*e.plan);
+      plan_ = *e.plan;
       continue;
     }
     if (e.plan_version != 0 && e.fatal.ok()) {

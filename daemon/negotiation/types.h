@@ -3,7 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
-#include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,7 +60,8 @@ struct ScheduleEntry {
   uint64_t seq = 0;
   std::vector<GroupTensor> group;  // a merge group; empty for a plan or a fatal entry
   Status fatal;                    // non-OK: the job failed; fail everything pending
-  std::optional<PlanInfo> plan;    // a new plan: announced before its first group
+  // A new plan, announced before its first group (shared: entries are copied to every poller).
+  std::shared_ptr<const PlanInfo> plan;
   uint32_t plan_version = 0;       // the plan this group belongs to (0: none)
   uint32_t group_index = 0;        // its index in that plan
 };

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "daemon/intake/codec.h"
@@ -9,28 +10,79 @@
 
 namespace sparsync::pipeline {
 
+namespace {
+
+// How long stage A waits for schedule entries before checking for Stop().
+constexpr std::chrono::milliseconds kNextWait(500);
+
+}  // namespace
+
+// One schedule entry in flight: what stage A made of it and stage B sends. Reused; the vectors
+// keep their capacity.
+struct Executor::Slot {
+  enum class Kind {
+    kError,      // stage A failed: `error`
+    kGather,     // ALLGATHER, all in stage B
+    kBroadcast,  // BROADCAST, all in stage B
+    kInPlace,    // dense, one tensor of one worker reduced in its own buffer in stage B
+    kDense,      // dense, the local sum in `fusion`
+    kSparse,     // sparse, the local sum in `fusion` and its selection in `prepared`
+  };
+  Kind kind = Kind::kError;
+  uint64_t seq = 0;
+  Status error;
+  std::vector<GroupMember> members;
+  uint32_t op = 0;
+  std::vector<char> fusion;  // local sum in the accumulator type; B leaves the result in it
+  size_t total = 0;          // elements of the group
+  double divisor = 1.0;
+  std::vector<GroupSlice> slices;  // kSparse; names point into `members`
+  SparseReducer* sparse = nullptr;
+  PreparedGroup prepared;
+  std::chrono::steady_clock::time_point started;
+};
+
 Executor::Executor(World world, TensorTable* table, transport::Transport* transport, NextFn next,
                    FailFn fail, std::chrono::milliseconds resolve_wait,
-                   std::unique_ptr<SparseReducers> sparse)
+                   std::unique_ptr<SparseReducers> sparse, ExecutorOptions options)
     : world_(world),
       table_(table),
       transport_(transport),
       next_(std::move(next)),
       fail_(std::move(fail)),
       resolve_wait_(resolve_wait),
-      sparse_(std::move(sparse)) {}
+      sparse_(std::move(sparse)),
+      options_(std::move(options)) {
+  const int pipelined = std::max(1, options_.depth) + 1;
+  for (int i = 0; i < pipelined + 1; ++i) slots_.push_back(std::make_unique<Slot>());
+  for (int i = 0; i < pipelined; ++i) free_.push_back(slots_[i].get());
+}
 
 Executor::~Executor() { Stop(); }
 
 void Executor::Start() {
-  thread_ = std::thread([this] {
-    while (!stopping_) RunOnce(std::chrono::milliseconds(500));
-  });
+  prepare_thread_ = std::thread([this] { PrepareLoop(); });
+  exchange_thread_ = std::thread([this] { ExchangeLoop(); });
 }
 
 void Executor::Stop() {
-  stopping_ = true;
-  if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (prepare_thread_.joinable()) prepare_thread_.join();
+  if (exchange_thread_.joinable()) exchange_thread_.join();
+  // Entries stage B never reached are dropped, but an error stage A found still fails the job.
+  std::deque<Slot*> dropped;
+  {
+    std::lock_guard lock(mu_);
+    dropped.swap(ready_);
+  }
+  for (Slot* slot : dropped) {
+    if (slot->kind == Slot::Kind::kError) OnError(slot->error);
+    ReleaseSlot(slot);
+  }
 }
 
 void Executor::RunOnce(std::chrono::milliseconds wait) {
@@ -42,39 +94,164 @@ void Executor::RunOnce(std::chrono::milliseconds wait) {
 
 void Executor::Execute(const negotiation::ScheduleEntry& entry) {
   if (!entry.fatal.ok()) {
-    transport_->Abort(entry.fatal);
-    table_->FailAll(entry.fatal);
+    OnFatal(entry.fatal);
     return;
   }
+  if (entry.group.empty() || failed()) return;
+  Slot* slot = slots_.back().get();  // never in the hand-off
+  Prepare(entry, slot);
+  if (options_.on_prepared) options_.on_prepared(entry.seq);
+  Complete(slot);
+  slot->members.clear();
+}
+
+// ---- Stage A ----
+
+void Executor::PrepareLoop() {
+  while (!stopping_) {
+    const std::vector<negotiation::ScheduleEntry> entries = next_(kNextWait);
+    // A fatal entry ends the job: act on it at once, before waiting for a slot, since B may be
+    // blocked in a collective that will not finish.
+    for (const auto& entry : entries) {
+      if (!entry.fatal.ok()) OnFatal(entry.fatal);
+    }
+    for (const auto& entry : entries) {
+      if (stopping_) return;
+      if (!entry.fatal.ok()) continue;
+      // A plan announcement has nothing to exchange. After a failure the table refuses
+      // everything; later entries have nothing to do.
+      if (entry.group.empty() || prepare_failed_ || failed()) continue;
+      Slot* slot = AcquireSlot();
+      if (!slot) return;
+      Prepare(entry, slot);
+      if (options_.on_prepared) options_.on_prepared(entry.seq);
+      prepare_failed_ = slot->kind == Slot::Kind::kError;
+      HandOff(slot);
+    }
+  }
+}
+
+void Executor::Prepare(const negotiation::ScheduleEntry& entry, Slot* slot) {
+  slot->seq = entry.seq;
+  slot->started = std::chrono::steady_clock::now();
+  slot->kind = Slot::Kind::kError;
+  slot->error = Status::Ok();
+  slot->sparse = nullptr;
+  slot->slices.clear();
   auto resolved = table_->Resolve(entry, resolve_wait_);
   if (!resolved.ok()) {
-    table_->FailAll(resolved.status());
-    fail_(resolved.status());
+    slot->error = resolved.status();
     return;
   }
-  std::vector<GroupMember>& members = *resolved;
-  uint32_t op = members.front().meta.op;
-  auto started = std::chrono::steady_clock::now();
+  slot->members = std::move(*resolved);
+  if (slot->members.empty()) {
+    slot->error = Internal("schedule entry " + std::to_string(entry.seq) + " names no tensor");
+    return;
+  }
+  slot->op = slot->members.front().meta.op;
+  if (slot->op == SPARSYNC_OP_ALLGATHER) {
+    slot->kind = Slot::Kind::kGather;
+  } else if (slot->op == SPARSYNC_OP_BROADCAST) {
+    slot->kind = Slot::Kind::kBroadcast;
+  } else {
+    Status st = PrepareReduce(slot);
+    if (!st.ok()) {
+      slot->kind = Slot::Kind::kError;
+      slot->error = st;
+    }
+  }
+}
+
+Status Executor::PrepareReduce(Slot* slot) {
+  std::vector<GroupMember>& members = slot->members;
+  const GroupMember& first = members.front();
+  const uint32_t dtype = first.meta.dtype;
+  const transport::ElementType acc_type = AccumulatorType(dtype);
+  const size_t acc_size = transport::ElementSize(acc_type);
+  slot->divisor = first.meta.reduce_op == SPARSYNC_REDUCE_AVERAGE ? world_.size() : 1.0;
+
+  size_t total = 0;
+  for (const GroupMember& m : members) total += static_cast<size_t>(m.meta.NumElements());
+  slot->total = total;
+  SparseReducer* sparse = nullptr;
+  if (sparse_ && first.meta.op == SPARSYNC_OP_GRADIENT &&
+      acc_type == transport::ElementType::kFloat32 &&
+      total * acc_size >= sparse_->min_compress_bytes()) {
+    // Fused tensors share their compressor (it is part of the fusion key).
+    SPARSYNC_ASSIGN_OR_RETURN(sparse, sparse_->For(first.meta.compressor, first.meta.density));
+  }
+
+  // One tensor, one worker, a dtype that is its own accumulator: stage B reduces the worker's
+  // buffer in place, without staging.
+  if (!sparse && members.size() == 1 && world_.local_size == 1 && AccumulatesInPlace(dtype)) {
+    slot->kind = Slot::Kind::kInPlace;
+    return Status::Ok();
+  }
+
+  if (slot->fusion.size() < total * acc_size) slot->fusion.resize(total * acc_size);
+  std::vector<const void*> inputs(world_.local_size);
+  size_t offset = 0;
+  for (const GroupMember& m : members) {
+    for (int r = 0; r < world_.local_size; ++r) inputs[r] = m.parts[r].region->data();
+    size_t count = static_cast<size_t>(m.meta.NumElements());
+    SumInto(slot->fusion.data() + offset * acc_size, inputs, count, dtype);
+    offset += count;
+  }
+  if (!sparse) {
+    slot->kind = Slot::Kind::kDense;
+    return Status::Ok();
+  }
+  offset = 0;
+  for (const GroupMember& m : members) {
+    size_t count = static_cast<size_t>(m.meta.NumElements());
+    slot->slices.push_back({&m.meta.name, offset, count});
+    offset += count;
+  }
+  slot->kind = Slot::Kind::kSparse;
+  slot->sparse = sparse;
+  std::span<const float> group(reinterpret_cast<const float*>(slot->fusion.data()), total);
+  return sparse->Prepare(slot->slices, group, first.parts.front().round, first.scheduled.slot,
+                         &slot->prepared);
+}
+
+// ---- Stage B ----
+
+void Executor::ExchangeLoop() {
+  while (Slot* slot = TakePrepared()) {
+    Complete(slot);
+    ReleaseSlot(slot);
+  }
+}
+
+void Executor::Complete(Slot* slot) {
+  if (failed()) return;  // every pending tensor was failed with the first error
+  if (slot->kind == Slot::Kind::kError) {
+    OnError(slot->error);
+    return;
+  }
+  if (options_.on_exchange) options_.on_exchange(slot->seq);
+  std::vector<GroupMember>& members = slot->members;
   Status st;
   std::vector<std::shared_ptr<intake::SharedRegion>> gathered;
-  if (op == SPARSYNC_OP_ALLGATHER) {
+  if (slot->kind == Slot::Kind::kGather) {
     st = Gather(members.front(), &gathered);
-  } else if (op == SPARSYNC_OP_BROADCAST) {
+  } else if (slot->kind == Slot::Kind::kBroadcast) {
     st = Broadcast(members.front());
   } else {
-    st = Reduce(members);
+    st = ExchangeReduce(slot);
   }
   if (!st.ok()) {
-    table_->FailAll(st);
-    fail_(st);
+    OnError(st);
     return;
   }
-  spdlog::debug("entry {}: {} {} tensor(s), first '{}', {:.3f} ms", entry.seq,
-                negotiation::OpName(op), members.size(), members.front().meta.name,
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
+  spdlog::debug(
+      "entry {}: {} {} tensor(s), first '{}', {:.3f} ms", slot->seq, negotiation::OpName(slot->op),
+      members.size(), members.front().meta.name,
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - slot->started)
+          .count());
   for (const GroupMember* m : table_->Finish(members)) {
     for (const WorkerPart& part : m->parts) {
-      if (op == SPARSYNC_OP_ALLGATHER) {
+      if (slot->op == SPARSYNC_OP_ALLGATHER) {
         int64_t dim0 = 0;
         for (int64_t d : m->scheduled.worker_dim0) dim0 += d;
         (void)SendDone(part, Status::Ok(), gathered.front()->fd(), gathered.front()->size(), dim0);
@@ -85,69 +262,105 @@ void Executor::Execute(const negotiation::ScheduleEntry& entry) {
   }
 }
 
-Status Executor::Reduce(std::vector<GroupMember>& members) {
-  const uint32_t dtype = members.front().meta.dtype;
+Status Executor::ExchangeReduce(Slot* slot) {
+  const uint32_t dtype = slot->members.front().meta.dtype;
   const transport::ElementType acc_type = AccumulatorType(dtype);
   const size_t acc_size = transport::ElementSize(acc_type);
-  const double divisor =
-      members.front().meta.reduce_op == SPARSYNC_REDUCE_AVERAGE ? world_.size() : 1.0;
-
-  size_t total = 0;
-  for (const GroupMember& m : members) total += static_cast<size_t>(m.meta.NumElements());
-  SparseReducer* sparse = nullptr;
-  if (sparse_ && members.front().meta.op == SPARSYNC_OP_GRADIENT &&
-      acc_type == transport::ElementType::kFloat32 &&
-      total * acc_size >= sparse_->min_compress_bytes()) {
-    // Fused tensors share their compressor (it is part of the fusion key).
-    SPARSYNC_ASSIGN_OR_RETURN(sparse, sparse_->For(members.front().meta.compressor,
-                                                   members.front().meta.density));
-  }
-
-  // One tensor, one worker, a dtype that is its own accumulator: reduce the worker's buffer in
-  // place, without staging.
-  if (!sparse && members.size() == 1 && world_.local_size == 1 && AccumulatesInPlace(dtype)) {
-    GroupMember& m = members.front();
-    size_t count = static_cast<size_t>(m.meta.NumElements());
+  if (slot->kind == Slot::Kind::kInPlace) {
+    GroupMember& m = slot->members.front();
     void* data = m.parts.front().region->data();
-    SPARSYNC_RETURN_IF_ERROR(transport_->AllReduceSum(data, count, acc_type, tag_++));
-    DivideInPlace(data, count, divisor, dtype);
+    SPARSYNC_RETURN_IF_ERROR(transport_->AllReduceSum(data, slot->total, acc_type, tag_++));
+    DivideInPlace(data, slot->total, slot->divisor, dtype);
     return Status::Ok();
   }
-
-  if (fusion_.size() < total * acc_size) fusion_.resize(total * acc_size);
-  std::vector<const void*> inputs(world_.local_size);
-  size_t offset = 0;
-  for (const GroupMember& m : members) {
-    for (int r = 0; r < world_.local_size; ++r) inputs[r] = m.parts[r].region->data();
-    size_t count = static_cast<size_t>(m.meta.NumElements());
-    SumInto(fusion_.data() + offset * acc_size, inputs, count, dtype);
-    offset += count;
-  }
-  double write_divisor = divisor;
-  if (sparse) {
-    std::vector<GroupSlice> slices;
-    offset = 0;
-    for (const GroupMember& m : members) {
-      size_t count = static_cast<size_t>(m.meta.NumElements());
-      slices.push_back({&m.meta.name, offset, count});
-      offset += count;
-    }
-    std::span<float> group(reinterpret_cast<float*>(fusion_.data()), total);
-    SPARSYNC_RETURN_IF_ERROR(sparse->Reduce(slices, group, members.front().parts.front().round,
-                                             members.front().scheduled.slot, divisor, &tag_));
+  double write_divisor = slot->divisor;
+  if (slot->kind == Slot::Kind::kSparse) {
+    std::span<float> group(reinterpret_cast<float*>(slot->fusion.data()), slot->total);
+    SPARSYNC_RETURN_IF_ERROR(
+        slot->sparse->Exchange(slot->slices, slot->prepared, group, slot->divisor, &tag_));
     write_divisor = 1.0;  // averaged by the sparse reducer
   } else {
-    SPARSYNC_RETURN_IF_ERROR(transport_->AllReduceSum(fusion_.data(), total, acc_type, tag_++));
+    SPARSYNC_RETURN_IF_ERROR(
+        transport_->AllReduceSum(slot->fusion.data(), slot->total, acc_type, tag_++));
   }
-  offset = 0;
-  for (const GroupMember& m : members) {
+  size_t offset = 0;
+  for (const GroupMember& m : slot->members) {
     size_t count = static_cast<size_t>(m.meta.NumElements());
     for (const WorkerPart& part : m.parts) {
-      WriteBack(fusion_.data() + offset * acc_size, count, write_divisor, part.region->data(), dtype);
+      WriteBack(slot->fusion.data() + offset * acc_size, count, write_divisor, part.region->data(),
+                dtype);
     }
     offset += count;
   }
   return Status::Ok();
+}
+
+// ---- Failures ----
+
+void Executor::OnFatal(const Status& fatal) {
+  {
+    std::lock_guard lock(mu_);
+    if (failed_.ok()) failed_ = fatal;
+  }
+  transport_->Abort(fatal);
+  table_->FailAll(fatal);
+}
+
+void Executor::OnError(const Status& error) {
+  bool first = false;
+  {
+    std::lock_guard lock(mu_);
+    first = failed_.ok();
+    if (first) failed_ = error;
+  }
+  table_->FailAll(error);
+  if (first) fail_(error);
+}
+
+bool Executor::failed() const {
+  std::lock_guard lock(mu_);
+  return !failed_.ok();
+}
+
+// ---- The hand-off ----
+
+Executor::Slot* Executor::AcquireSlot() {
+  std::unique_lock lock(mu_);
+  // Bounded by stage B, whose every transport call is bounded by the transport's timeout;
+  // Stop() wakes it.
+  changed_.wait(lock, [&] { return stopping_ || !free_.empty(); });
+  if (stopping_) return nullptr;
+  Slot* slot = free_.back();
+  free_.pop_back();
+  return slot;
+}
+
+void Executor::HandOff(Slot* slot) {
+  {
+    std::lock_guard lock(mu_);
+    ready_.push_back(slot);
+  }
+  changed_.notify_all();
+}
+
+Executor::Slot* Executor::TakePrepared() {
+  std::unique_lock lock(mu_);
+  // Bounded by stage A's wait for entries; Stop() wakes it.
+  changed_.wait(lock, [&] { return stopping_ || !ready_.empty(); });
+  if (stopping_) return nullptr;
+  Slot* slot = ready_.front();
+  ready_.pop_front();
+  return slot;
+}
+
+void Executor::ReleaseSlot(Slot* slot) {
+  slot->members.clear();  // lets go of the workers' regions and sessions
+  slot->slices.clear();
+  {
+    std::lock_guard lock(mu_);
+    free_.push_back(slot);
+  }
+  changed_.notify_all();
 }
 
 Status Executor::Gather(GroupMember& member,

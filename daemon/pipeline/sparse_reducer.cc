@@ -64,9 +64,10 @@ Result<std::unique_ptr<SparseReducer>> SparseReducer::Create(const Config& confi
                            ": " + sparsifier.status().message());
   }
   if (config.compressor == Compressor::kGTopK && !GlobalTopKSupports(num_nodes)) {
-    spdlog::warn("gtopk needs a power-of-two node count, this job has {}: using the allgather "
-                 "top-k exchange instead",
-                 num_nodes);
+    spdlog::warn(
+        "gtopk needs a power-of-two node count, this job has {}: using the allgather "
+        "top-k exchange instead",
+        num_nodes);
   }
   return std::unique_ptr<SparseReducer>(
       new SparseReducer(config, node_rank, num_nodes, transport, std::move(*sparsifier)));
@@ -81,12 +82,21 @@ SparseReducer::SparseReducer(const Config& config, int node_rank, int num_nodes,
       transport_(transport),
       sparsifier_(std::move(sparsifier)),
       index_coding_(config.index_coding == sparsync::IndexCoding::kRaw ? IndexCoding::kRaw32
-                                                                        : IndexCoding::kDeltaVarint),
-      value_coding_(config.compressor == Compressor::kWangni ? ValueCoding::kSignScale
+                                                                       : IndexCoding::kDeltaVarint),
+      value_coding_(config.compressor == Compressor::kWangni     ? ValueCoding::kSignScale
                     : config.value_dtype == ValueDType::kFloat16 ? ValueCoding::kFloat16
                                                                  : ValueCoding::kFloat32) {}
 
-Status SparseReducer::Select(std::span<const float> work, uint64_t step, uint32_t group_id) {
+bool SparseReducer::UsesGlobalTopK() const {
+  return config_.compressor == Compressor::kGTopK && GlobalTopKSupports(num_nodes_);
+}
+
+bool SparseReducer::UsesAllGather() const {
+  return config_.compressor != Compressor::kRandomK && !UsesGlobalTopK();
+}
+
+Status SparseReducer::Select(uint64_t step, uint32_t group_id, PreparedGroup* prepared) {
+  std::vector<float>& work = prepared->work;
   const int64_t n = static_cast<int64_t>(work.size());
   if (n > prepared_) {
     auto st = sparsifier_->Prepare(n, kernels::DType::kFloat32);
@@ -94,72 +104,119 @@ Status SparseReducer::Select(std::span<const float> work, uint64_t step, uint32_
     prepared_ = n;
   }
   const int64_t capacity = sparsifier_->MaxSelected(n);
-  if (static_cast<int64_t>(indices_.size()) < capacity) {
-    indices_.resize(capacity);
-    values_.resize(capacity);
-  }
-  kernels::SparseView out{indices_.data(), values_.data(), capacity, 0};
+  prepared->indices.resize(static_cast<size_t>(capacity));
+  prepared->values.resize(static_cast<size_t>(capacity));
+  kernels::SparseView out{prepared->indices.data(), prepared->values.data(), capacity, 0};
   kernels::SparsifyContext ctx;
   ctx.seed = Mix(Mix(Mix(config_.seed) ^ static_cast<uint64_t>(node_rank_)) ^ step) ^ group_id;
   ctx.shared_seed = Mix(Mix(config_.seed) ^ step) ^ group_id;
   ctx.step = static_cast<int64_t>(step);
-  ctx.dgc_state = &dgc_;
+  ctx.dgc_state = &prepared->dgc;
   auto st = sparsifier_->Sparsify({work.data(), n, kernels::DType::kFloat32}, &out, ctx);
   if (!st.ok()) return Internal("sparsifying: " + st.message());
-  indices_.resize(out.k);
-  values_.resize(out.k);
+  prepared->indices.resize(static_cast<size_t>(out.k));
+  prepared->values.resize(static_cast<size_t>(out.k));
   return Status::Ok();
 }
 
-Status SparseReducer::Reduce(std::span<const GroupSlice> slices, std::span<float> group,
-                             uint64_t step, uint32_t group_id, double divisor, uint32_t* tag) {
+Status SparseReducer::Pack(PreparedGroup* prepared) {
+  const int64_t n = static_cast<int64_t>(prepared->work.size());
+  prepared->payload.resize(MaxEncodedBytes(n, static_cast<int64_t>(prepared->indices.size()),
+                                           index_coding_, value_coding_));
+  auto written = Encode({n, prepared->indices, prepared->values}, index_coding_, value_coding_,
+                        prepared->payload);
+  if (!written.ok()) return written.status().WithContext("encoding a sparse payload");
+  prepared->payload_bytes = *written;
+  if (config_.ErrorFeedback()) {
+    // What the peers decode from our payload, exactly (float16 rounding, Wangni's shared scale).
+    auto ours = Decode(std::span<const uint8_t>(prepared->payload.data(), *written));
+    if (!ours.ok()) return ours.status().WithContext("decoding our own payload");
+    prepared->delivered = std::move(ours->values);
+  }
+  return Status::Ok();
+}
+
+Status SparseReducer::Prepare(std::span<const GroupSlice> slices, std::span<const float> group,
+                              uint64_t step, uint32_t group_id, PreparedGroup* prepared) {
   const size_t n = group.size();
-  int64_t bad = FirstNonFinite(group);
+  const int64_t bad = FirstNonFinite(group);
   if (bad >= 0 && config_.nonfinite == NonFinitePolicy::kError) {
     return InvalidArgument("tensor '" + SliceName(slices, bad) + "' holds a non-finite gradient (" +
                            std::to_string(group[bad]) + ") on node " + std::to_string(node_rank_) +
                            "; set SPARSYNC_NONFINITE=skip to drop such steps instead");
   }
-  const bool finite = bad < 0;
-  const bool dgc = config_.compressor == Compressor::kDgc;
-  work_.assign(group.begin(), group.end());
-  if (finite) {
-    if (config_.ErrorFeedback()) state_.AddTo(TensorState::Kind::kResidual, slices, work_);
-    if (dgc) {
-      dgc_.momentum.resize(n);
-      dgc_.accumulation.resize(n);
-      state_.Load(TensorState::Kind::kMomentum, slices, dgc_.momentum);
-      state_.Load(TensorState::Kind::kAccumulation, slices, dgc_.accumulation);
+  prepared->finite = bad < 0;
+  prepared->nonfinite_tensor = prepared->finite ? std::string() : SliceName(slices, bad);
+  prepared->work.assign(group.begin(), group.end());
+  prepared->indices.clear();
+  prepared->values.clear();
+  prepared->delivered.clear();
+  prepared->payload_bytes = 0;
+  if (!prepared->finite) return Status::Ok();  // nothing is sent; see Exchange()
+  {
+    std::lock_guard lock(state_mu_);
+    if (config_.ErrorFeedback()) {
+      state_.AddTo(TensorState::Kind::kResidual, slices, prepared->work);
     }
-    SPARSYNC_RETURN_IF_ERROR(Select(work_, step, group_id));
-  } else {
-    indices_.clear();
-    values_.clear();
+    if (config_.compressor == Compressor::kDgc) {
+      prepared->dgc.momentum.resize(n);
+      prepared->dgc.accumulation.resize(n);
+      state_.Load(TensorState::Kind::kMomentum, slices, prepared->dgc.momentum);
+      state_.Load(TensorState::Kind::kAccumulation, slices, prepared->dgc.accumulation);
+    }
   }
+  SPARSYNC_RETURN_IF_ERROR(Select(step, group_id, prepared));
+  if (UsesAllGather()) SPARSYNC_RETURN_IF_ERROR(Pack(prepared));
+  return Status::Ok();
+}
 
+Status SparseReducer::Exchange(std::span<const GroupSlice> slices, PreparedGroup& prepared,
+                               std::span<float> group, double divisor, uint32_t* tag) {
   bool skip = false;
+  // What left this node for good (the residual keeps the rest); null: nothing to keep.
+  const std::vector<float>* delivered = nullptr;
+  std::vector<float> gtopk_delivered;
   if (config_.compressor == Compressor::kRandomK) {
-    SPARSYNC_RETURN_IF_ERROR(ExchangeSharedIndices(slices, group, finite, tag, &skip));
-  } else if (config_.compressor == Compressor::kGTopK && GlobalTopKSupports(num_nodes_)) {
-    SPARSYNC_RETURN_IF_ERROR(ExchangeGlobalTopK(slices, group, finite, tag, &skip));
+    SPARSYNC_RETURN_IF_ERROR(ExchangeSharedIndices(group, prepared, tag, &skip));
+    delivered = &prepared.values;  // float32: sent exactly
+  } else if (UsesGlobalTopK()) {
+    SPARSYNC_RETURN_IF_ERROR(ExchangeGlobalTopK(group, prepared, tag, &skip, &gtopk_delivered));
+    delivered = &gtopk_delivered;
   } else {
-    SPARSYNC_RETURN_IF_ERROR(ExchangeAllGather(slices, group, finite, tag, &skip));
+    SPARSYNC_RETURN_IF_ERROR(ExchangeAllGather(group, prepared, tag, &skip));
+    delivered = &prepared.delivered;
   }
+  const bool error_feedback = config_.ErrorFeedback();
   if (skip) {
     // Some node saw NaN/Inf: every node drops this group's update for the step. A finite node
     // keeps everything it would have sent in its residual, so nothing is lost.
     std::fill(group.begin(), group.end(), 0.0f);
-    if (finite && config_.ErrorFeedback()) state_.Store(TensorState::Kind::kResidual, slices, work_);
-    if (!finite) {
-      spdlog::warn("tensor '{}' holds a non-finite gradient on node {}: the step's update of its "
-                   "merge group is dropped on every node (SPARSYNC_NONFINITE=skip)",
-                   SliceName(slices, bad), node_rank_);
+    if (prepared.finite && error_feedback) {
+      std::lock_guard lock(state_mu_);
+      state_.Store(TensorState::Kind::kResidual, slices, prepared.work);
+    }
+    if (!prepared.finite) {
+      spdlog::warn(
+          "tensor '{}' holds a non-finite gradient on node {}: the step's update of its "
+          "merge group is dropped on every node (SPARSYNC_NONFINITE=skip)",
+          prepared.nonfinite_tensor, node_rank_);
     }
     return Status::Ok();
   }
-  if (dgc) {
-    state_.Store(TensorState::Kind::kMomentum, slices, dgc_.momentum);
-    state_.Store(TensorState::Kind::kAccumulation, slices, dgc_.accumulation);
+  if (error_feedback) {
+    // residual = what was to be sent minus what the other nodes decode.
+    std::vector<float>& work = prepared.work;
+    for (size_t j = 0; j < prepared.indices.size(); ++j) {
+      work[prepared.indices[j]] -= (*delivered)[j];
+    }
+  }
+  {
+    std::lock_guard lock(state_mu_);
+    if (error_feedback) state_.Store(TensorState::Kind::kResidual, slices, prepared.work);
+    if (config_.compressor == Compressor::kDgc) {
+      state_.Store(TensorState::Kind::kMomentum, slices, prepared.dgc.momentum);
+      state_.Store(TensorState::Kind::kAccumulation, slices, prepared.dgc.accumulation);
+    }
   }
   if (divisor != 1.0) {
     const float d = static_cast<float>(divisor);
@@ -168,26 +225,18 @@ Status SparseReducer::Reduce(std::span<const GroupSlice> slices, std::span<float
   return Status::Ok();
 }
 
-void SparseReducer::KeepResidual(std::span<const GroupSlice> slices, std::span<float> work,
-                                 std::span<const float> sent_values) {
-  // residual = what was to be sent minus what the other nodes will decode.
-  for (size_t j = 0; j < indices_.size(); ++j) work[indices_[j]] -= sent_values[j];
-  state_.Store(TensorState::Kind::kResidual, slices, work);
+Status SparseReducer::Reduce(std::span<const GroupSlice> slices, std::span<float> group,
+                             uint64_t step, uint32_t group_id, double divisor, uint32_t* tag) {
+  SPARSYNC_RETURN_IF_ERROR(Prepare(slices, group, step, group_id, &scratch_));
+  return Exchange(slices, scratch_, group, divisor, tag);
 }
 
-Status SparseReducer::ExchangeAllGather(std::span<const GroupSlice> slices, std::span<float> group,
-                                        bool locally_finite, uint32_t* tag, bool* skip) {
+Status SparseReducer::ExchangeAllGather(std::span<float> group, PreparedGroup& prepared,
+                                        uint32_t* tag, bool* skip) {
   const int64_t n = static_cast<int64_t>(group.size());
-  size_t mine = 0;
-  if (locally_finite) {
-    payload_.resize(MaxEncodedBytes(n, static_cast<int64_t>(indices_.size()), index_coding_,
-                                    value_coding_));
-    auto written = Encode({n, indices_, values_}, index_coding_, value_coding_, payload_);
-    if (!written.ok()) return written.status().WithContext("encoding a sparse payload");
-    mine = *written;
-  }
+  const size_t mine = prepared.payload_bytes;  // 0 when not finite
   std::vector<SizeRecord> sizes(num_nodes_);
-  SizeRecord me{mine, locally_finite ? 0u : 1u};
+  SizeRecord me{mine, prepared.finite ? 0u : 1u};
   std::vector<size_t> record_bytes(num_nodes_, sizeof(SizeRecord));
   SPARSYNC_RETURN_IF_ERROR(
       transport_->AllGatherV(&me, sizeof(me), sizes.data(), record_bytes, (*tag)++));
@@ -200,31 +249,24 @@ Status SparseReducer::ExchangeAllGather(std::span<const GroupSlice> slices, std:
   }
   if (*skip) return Status::Ok();
   gathered_.resize(total);
-  SPARSYNC_RETURN_IF_ERROR(
-      transport_->AllGatherV(payload_.data(), mine, gathered_.data(), payload_bytes, (*tag)++));
+  SPARSYNC_RETURN_IF_ERROR(transport_->AllGatherV(prepared.payload.data(), mine, gathered_.data(),
+                                                  payload_bytes, (*tag)++));
   payload_bytes_sent_ += mine;
-  if (config_.ErrorFeedback()) {
-    // What the peers decode from our payload, exactly (float16 rounding, Wangni's shared scale).
-    auto ours = Decode(std::span<const uint8_t>(payload_.data(), mine));
-    if (!ours.ok()) return ours.status().WithContext("decoding our own payload");
-    KeepResidual(slices, work_, ours->values);
-  }
   std::fill(group.begin(), group.end(), 0.0f);
   size_t offset = 0;
   for (int r = 0; r < num_nodes_; ++r) {
-    auto st = DecodeAdd(std::span<const uint8_t>(gathered_.data() + offset, payload_bytes[r]), n,
-                        group);
+    auto st =
+        DecodeAdd(std::span<const uint8_t>(gathered_.data() + offset, payload_bytes[r]), n, group);
     if (!st.ok()) return st.WithContext("payload of node " + std::to_string(r));
     offset += payload_bytes[r];
   }
   return Status::Ok();
 }
 
-Status SparseReducer::ExchangeGlobalTopK(std::span<const GroupSlice> slices,
-                                         std::span<float> group, bool locally_finite,
-                                         uint32_t* tag, bool* skip) {
+Status SparseReducer::ExchangeGlobalTopK(std::span<float> group, PreparedGroup& prepared,
+                                         uint32_t* tag, bool* skip, std::vector<float>* delivered) {
   // Agree on the non-finite flag first: gTop-k's rounds carry no flags.
-  float flags = locally_finite ? 0.0f : 1.0f;
+  float flags = prepared.finite ? 0.0f : 1.0f;
   SPARSYNC_RETURN_IF_ERROR(
       transport_->AllReduceSum(&flags, 1, transport::ElementType::kFloat32, (*tag)++));
   *skip = flags != 0.0f;
@@ -234,27 +276,25 @@ Status SparseReducer::ExchangeGlobalTopK(std::span<const GroupSlice> slices,
   std::vector<int32_t> global_indices;
   std::vector<float> global_values;
   std::vector<uint8_t> kept;
-  SPARSYNC_RETURN_IF_ERROR(GlobalTopK(transport_, n, k, indices_, values_, &global_indices,
-                                      &global_values, &kept, tag));
-  payload_bytes_sent_ += indices_.size() * 8;
-  if (config_.ErrorFeedback()) {
-    // Delivered entries leave the residual; entries outside the global set stay in it.
-    std::vector<float> delivered(values_.size());
-    for (size_t j = 0; j < values_.size(); ++j) delivered[j] = kept[j] ? values_[j] : 0.0f;
-    KeepResidual(slices, work_, delivered);
+  SPARSYNC_RETURN_IF_ERROR(GlobalTopK(transport_, n, k, prepared.indices, prepared.values,
+                                      &global_indices, &global_values, &kept, tag));
+  payload_bytes_sent_ += prepared.indices.size() * 8;
+  // Delivered entries leave the residual; entries outside the global set stay in it.
+  delivered->resize(prepared.values.size());
+  for (size_t j = 0; j < prepared.values.size(); ++j) {
+    (*delivered)[j] = kept[j] ? prepared.values[j] : 0.0f;
   }
   std::fill(group.begin(), group.end(), 0.0f);
   for (size_t j = 0; j < global_indices.size(); ++j) group[global_indices[j]] = global_values[j];
   return Status::Ok();
 }
 
-Status SparseReducer::ExchangeSharedIndices(std::span<const GroupSlice> slices,
-                                            std::span<float> group, bool locally_finite,
+Status SparseReducer::ExchangeSharedIndices(std::span<float> group, PreparedGroup& prepared,
                                             uint32_t* tag, bool* skip) {
   // Every node selected the same indices (the seed is shared), so the k values are summed with a
   // dense allreduce. A first round agrees on k and on the non-finite flag.
-  const uint64_t k = indices_.size();
-  uint64_t me[2] = {k, locally_finite ? 0u : 1u};
+  const uint64_t k = prepared.indices.size();
+  uint64_t me[2] = {k, prepared.finite ? 0u : 1u};
   std::vector<uint64_t> all(2 * num_nodes_);
   std::vector<size_t> record_bytes(num_nodes_, sizeof(me));
   SPARSYNC_RETURN_IF_ERROR(
@@ -262,15 +302,16 @@ Status SparseReducer::ExchangeSharedIndices(std::span<const GroupSlice> slices,
   for (int r = 0; r < num_nodes_; ++r) *skip = *skip || all[2 * r + 1] != 0;
   if (*skip) return Status::Ok();
   for (int r = 0; r < num_nodes_; ++r) {
-    if (all[2 * r] != k) return Internal("shared-seed random-k chose a different k on node " + std::to_string(r));
+    if (all[2 * r] != k) {
+      return Internal("shared-seed random-k chose a different k on node " + std::to_string(r));
+    }
   }
-  std::vector<float> sums(values_.begin(), values_.end());
+  std::vector<float> sums(prepared.values.begin(), prepared.values.end());
   SPARSYNC_RETURN_IF_ERROR(
       transport_->AllReduceSum(sums.data(), k, transport::ElementType::kFloat32, (*tag)++));
   payload_bytes_sent_ += k * sizeof(float);
-  if (config_.ErrorFeedback()) KeepResidual(slices, work_, values_);  // float32: sent exactly
   std::fill(group.begin(), group.end(), 0.0f);
-  for (size_t j = 0; j < k; ++j) group[indices_[j]] = sums[j];
+  for (size_t j = 0; j < k; ++j) group[prepared.indices[j]] = sums[j];
   return Status::Ok();
 }
 
@@ -279,10 +320,15 @@ SparseReducers::SparseReducers(Config base, int node_rank, int num_nodes,
     : base_(std::move(base)), node_rank_(node_rank), num_nodes_(num_nodes), transport_(transport) {}
 
 Result<SparseReducer*> SparseReducers::For(uint32_t wire_compressor, float density) {
-  static constexpr Compressor kByWire[] = {
-      Compressor::kNone /* DEFAULT, replaced below */, Compressor::kNone, Compressor::kTopK,
-      Compressor::kRandomK, Compressor::kThreshold, Compressor::kGaussianK, Compressor::kWangni,
-      Compressor::kDgc, Compressor::kGTopK};
+  static constexpr Compressor kByWire[] = {Compressor::kNone /* DEFAULT, replaced below */,
+                                           Compressor::kNone,
+                                           Compressor::kTopK,
+                                           Compressor::kRandomK,
+                                           Compressor::kThreshold,
+                                           Compressor::kGaussianK,
+                                           Compressor::kWangni,
+                                           Compressor::kDgc,
+                                           Compressor::kGTopK};
   if (wire_compressor >= SPARSYNC_COMPRESSOR_COUNT) return Internal("unknown compressor");
   Config config = base_;
   if (wire_compressor != SPARSYNC_COMPRESSOR_DEFAULT) config.compressor = kByWire[wire_compressor];

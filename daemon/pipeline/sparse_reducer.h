@@ -7,12 +7,21 @@
 // (gtopk.h) merges and reselects pairwise in log2 P rounds (power-of-two P; otherwise it falls back
 // to the allgather exchange of local top-k).
 //
-// Not thread-safe: the executor's thread owns it.
+// The work is split in two so that the executor can pipeline groups (issue 4, item 4): Prepare()
+// does everything local (residual, non-finite check, selection, packing) into a PreparedGroup the
+// caller owns, Exchange() makes every transport call and finishes the group. Reduce() does both.
+//
+// Threads: at most one thread calls Prepare() and at most one (possibly another) calls Exchange()
+// and Reduce(); they may run at the same time on different PreparedGroups of disjoint tensors. The
+// per-tensor state is locked; everything else is touched by one of the two sides only.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "daemon/common/config.h"
@@ -24,6 +33,21 @@
 
 namespace sparsync::pipeline {
 
+// What Prepare() made of one group: everything Exchange() needs, owned by the caller so that
+// preparing the next group cannot overwrite what is being exchanged. Reusable: vectors keep their
+// capacity between groups.
+struct PreparedGroup {
+  bool finite = true;            // false: this node's group holds NaN/Inf (skip policy)
+  std::string nonfinite_tensor;  // the first such tensor, for the warning
+  std::vector<float> work;       // the group plus its residual: what was compressed
+  std::vector<int32_t> indices;  // the selection
+  std::vector<float> values;
+  std::vector<float> delivered;  // what the peers decode of our selection (allgather path)
+  std::vector<uint8_t> payload;  // our encoded payload (allgather path)
+  size_t payload_bytes = 0;
+  kernels::DgcState dgc;  // DGC's momentum and accumulation after the selection
+};
+
 class SparseReducer {
  public:
   // REQUIRES: config.compressor != kNone.
@@ -31,50 +55,64 @@ class SparseReducer {
                                                        int num_nodes,
                                                        transport::Transport* transport);
 
-  // `group` holds this node's local sum of the group's tensors (slices give each tensor's part);
-  // on return it holds the decompressed sum over all nodes divided by `divisor`. `step` and
-  // `group_id` are the same on every node (they seed the random compressors). `*tag` is the
-  // transport tag counter shared with the executor.
+  // Stage A, no transport call. `group` holds this node's local sum of the group's tensors
+  // (slices give each tensor's part). `step` and `group_id` are the same on every node (they seed
+  // the random compressors). Errors here (a non-finite value under SPARSYNC_NONFINITE=error, a
+  // sparsifier failure) are this node's; the caller must not start the exchange.
+  Status Prepare(std::span<const GroupSlice> slices, std::span<const float> group, uint64_t step,
+                 uint32_t group_id, PreparedGroup* prepared);
+  // Stage B: every transport call of the group, in the same order on every node. On return
+  // `group` holds the decompressed sum over all nodes divided by `divisor`; the residuals of
+  // `slices` are updated. `*tag` is the transport tag counter shared with the executor.
+  // REQUIRES: `prepared` came from Prepare() with the same slices and group size.
+  Status Exchange(std::span<const GroupSlice> slices, PreparedGroup& prepared,
+                  std::span<float> group, double divisor, uint32_t* tag);
+  // Prepare() then Exchange() on the calling thread, with a scratch PreparedGroup.
   Status Reduce(std::span<const GroupSlice> slices, std::span<float> group, uint64_t step,
                 uint32_t group_id, double divisor, uint32_t* tag);
 
+  // For tests and the conservation checks; call only while no Exchange() runs.
   const TensorState& state() const { return state_; }
   // Bytes this node sent in payloads so far (for the benchmarks and logs).
   uint64_t payload_bytes_sent() const { return payload_bytes_sent_; }
 
  private:
-  SparseReducer(const Config& config, int node_rank, int num_nodes,
-                transport::Transport* transport, std::unique_ptr<kernels::Sparsifier> sparsifier);
-  Status Select(std::span<const float> work, uint64_t step, uint32_t group_id);
-  Status ExchangeAllGather(std::span<const GroupSlice> slices, std::span<float> group,
-                           bool locally_finite, uint32_t* tag, bool* skip);
-  Status ExchangeGlobalTopK(std::span<const GroupSlice> slices, std::span<float> group,
-                            bool locally_finite, uint32_t* tag, bool* skip);
-  Status ExchangeSharedIndices(std::span<const GroupSlice> slices, std::span<float> group,
-                               bool locally_finite, uint32_t* tag, bool* skip);
-  void KeepResidual(std::span<const GroupSlice> slices, std::span<float> work,
-                    std::span<const float> sent_values);
+  SparseReducer(const Config& config, int node_rank, int num_nodes, transport::Transport* transport,
+                std::unique_ptr<kernels::Sparsifier> sparsifier);
+  Status Select(uint64_t step, uint32_t group_id, PreparedGroup* prepared);
+  Status Pack(PreparedGroup* prepared);
+  Status ExchangeAllGather(std::span<float> group, PreparedGroup& prepared, uint32_t* tag,
+                           bool* skip);
+  Status ExchangeGlobalTopK(std::span<float> group, PreparedGroup& prepared, uint32_t* tag,
+                            bool* skip, std::vector<float>* delivered);
+  Status ExchangeSharedIndices(std::span<float> group, PreparedGroup& prepared, uint32_t* tag,
+                               bool* skip);
+  bool UsesGlobalTopK() const;
+  bool UsesAllGather() const;
 
   const Config config_;
   const int node_rank_;
   const int num_nodes_;
   transport::Transport* const transport_;
+  // Stage A only.
   std::unique_ptr<kernels::Sparsifier> sparsifier_;
   const IndexCoding index_coding_;
   const ValueCoding value_coding_;
-  int64_t prepared_ = -1;
+  int64_t prepared_ = -1;  // the sparsifier's prepared capacity
+  PreparedGroup scratch_;  // Reduce()'s
+  // Both stages: residuals are read when a group is prepared and written when it is exchanged.
+  // A tensor is in at most one group in flight (its next round cannot be scheduled before this
+  // one is done), so the lock only protects the map, never orders the stages.
+  std::mutex state_mu_;
   TensorState state_;
-  kernels::DgcState dgc_;
-  std::vector<float> work_;       // the group plus its residual: what is compressed
-  std::vector<int32_t> indices_;  // the selection
-  std::vector<float> values_;
-  std::vector<uint8_t> payload_;  // this node's encoded payload
-  std::vector<uint8_t> gathered_; // every node's payload
-  uint64_t payload_bytes_sent_ = 0;
+  // Stage B only.
+  std::vector<uint8_t> gathered_;  // every node's payload
+  std::atomic<uint64_t> payload_bytes_sent_{0};
 };
 
 // The sparse reducers of a node, one per (compressor, density) in use, created on first use from
 // the daemon's configuration: a gradient tensor may choose its own compressor at registration.
+// For() is called by the preparing side only (one thread).
 class SparseReducers {
  public:
   SparseReducers(Config base, int node_rank, int num_nodes, transport::Transport* transport);

@@ -1,0 +1,589 @@
+// The two-stage executor with nodes as threads over the loopback transport and workers as socket
+// pairs into each node's tensor table: stage A of one entry overlaps stage B of the previous one,
+// every node makes its transport calls in schedule order from one thread, results are the same bits
+// on every node and the same as executing one entry at a time, and failures stay sticky.
+#include "daemon/pipeline/executor.h"
+
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "daemon/intake/codec.h"
+#include "daemon/intake/session.h"
+#include "daemon/transport/loopback/loopback_transport.h"
+
+namespace sparsync::pipeline {
+namespace {
+
+using negotiation::GroupTensor;
+using negotiation::ScheduleEntry;
+
+struct TensorSpec {
+  std::string name;
+  int64_t numel;
+  uint32_t op = SPARSYNC_OP_GRADIENT;
+  uint32_t compressor = SPARSYNC_COMPRESSOR_DEFAULT;
+};
+
+// The schedule as the coordinator hands it to one node.
+class Feed {
+ public:
+  void Push(std::vector<ScheduleEntry> entries) {
+    {
+      std::lock_guard lock(mu_);
+      for (auto& e : entries) pending_.push_back(std::move(e));
+    }
+    cv_.notify_all();
+  }
+  std::vector<ScheduleEntry> Next(std::chrono::milliseconds wait) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, wait, [&] { return !pending_.empty(); });
+    std::vector<ScheduleEntry> out(pending_.begin(), pending_.end());
+    pending_.clear();
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<ScheduleEntry> pending_;
+};
+
+// Passes every call to `inner` and logs it with the calling thread; `before` may hold a call.
+class RecordingTransport : public transport::Transport {
+ public:
+  explicit RecordingTransport(transport::Transport* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Status AllReduceSum(void* data, size_t count, transport::ElementType type,
+                      uint32_t tag) override {
+    SPARSYNC_RETURN_IF_ERROR(Enter("allreduce", tag));
+    return inner_->AllReduceSum(data, count, type, tag);
+  }
+  Status AllGatherV(const void* send, size_t send_bytes, void* recv,
+                    std::span<const size_t> recv_bytes, uint32_t tag) override {
+    SPARSYNC_RETURN_IF_ERROR(Enter("allgatherv", tag));
+    return inner_->AllGatherV(send, send_bytes, recv, recv_bytes, tag);
+  }
+  Status Broadcast(void* data, size_t bytes, int root, uint32_t tag) override {
+    SPARSYNC_RETURN_IF_ERROR(Enter("broadcast", tag));
+    return inner_->Broadcast(data, bytes, root, tag);
+  }
+  Status SendRecv(int peer, const void* send, size_t send_bytes, void* recv, size_t recv_capacity,
+                  size_t* recv_bytes, uint32_t tag) override {
+    SPARSYNC_RETURN_IF_ERROR(Enter("sendrecv", tag));
+    return inner_->SendRecv(peer, send, send_bytes, recv, recv_capacity, recv_bytes, tag);
+  }
+  void Abort(const Status& reason) override { inner_->Abort(reason); }
+
+  void Mark(const std::string& what) {
+    std::lock_guard lock(mu_);
+    log_.push_back(what);
+  }
+  std::vector<std::string> log() {
+    std::lock_guard lock(mu_);
+    return log_;
+  }
+  std::set<std::thread::id> threads() {
+    std::lock_guard lock(mu_);
+    return threads_;
+  }
+  std::function<Status()> before;
+
+ private:
+  Status Enter(const char* what, uint32_t tag) {
+    {
+      std::lock_guard lock(mu_);
+      log_.push_back(std::string(what) + " " + std::to_string(tag));
+      threads_.insert(std::this_thread::get_id());
+    }
+    return before ? before() : Status::Ok();
+  }
+  transport::Transport* inner_;
+  std::mutex mu_;
+  std::vector<std::string> log_;
+  std::set<std::thread::id> threads_;
+};
+
+// Deterministic test values in [-1, 1).
+float Value(int node, int local, size_t tensor, size_t i, uint64_t round) {
+  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(local) << 48) ^
+               (static_cast<uint64_t>(tensor) << 40) ^ (round << 32) ^ i;
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return static_cast<float>(static_cast<double>(x >> 40) / static_cast<double>(1ull << 23) - 1.0);
+}
+
+// One node: its tensor table, local workers connected through socket pairs, and its executor.
+class Node {
+ public:
+  Node(World world, const std::vector<TensorSpec>& specs, transport::Transport* transport,
+       const Config& config, ExecutorOptions options, std::function<void(const Status&)> on_fail)
+      : world_(world), specs_(specs) {
+    table_ = std::make_unique<TensorTable>(
+        world, "token", [](ReadyNotice) {}, [](const Status&) {});
+    for (int local = 0; local < world.local_size; ++local) {
+      int fds[2];
+      EXPECT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, fds), 0);
+      sessions_.push_back(std::make_shared<intake::WorkerSession>(fds[0]));
+      worker_fds_.push_back(fds[1]);
+      sparsync_hello hello{};
+      hello.local_rank = static_cast<uint32_t>(local);
+      hello.pid = 1000 + local;
+      hello.token_len = 5;
+      std::memcpy(hello.job_token, "token", 5);
+      sparsync_hello_reply reply{};
+      table_->OnHello(sessions_.back(), hello, &reply);
+      EXPECT_EQ(reply.status, SPARSYNC_OK) << reply.message;
+      regions_.emplace_back();
+      for (size_t t = 0; t < specs.size(); ++t) {
+        sparsync_register_msg msg{};
+        msg.tensor_id = static_cast<uint32_t>(t);
+        msg.op = static_cast<uint8_t>(specs[t].op);
+        msg.dtype = SPARSYNC_FLOAT32;
+        msg.reduce_op = SPARSYNC_REDUCE_AVERAGE;
+        msg.ndim = 1;
+        msg.shape[0] = specs[t].numel;
+        msg.compressor = static_cast<uint8_t>(specs[t].compressor);
+        msg.name_len = static_cast<uint32_t>(specs[t].name.size());
+        std::memcpy(msg.name, specs[t].name.data(), specs[t].name.size());
+        sparsync_register_reply reg{};
+        std::shared_ptr<intake::SharedRegion> region;
+        table_->OnRegister(sessions_.back(), msg, &reg, &region);
+        EXPECT_EQ(reg.status, SPARSYNC_OK) << reg.message;
+        regions_.back().push_back(region);
+      }
+    }
+    for (size_t t = 0; t < specs.size(); ++t) {
+      table_->BindSlot(specs[t].name, static_cast<uint32_t>(t + 1));
+    }
+    executor_ = std::make_unique<Executor>(
+        world, table_.get(), transport,
+        [this](std::chrono::milliseconds w) { return feed_.Next(w); }, std::move(on_fail),
+        std::chrono::seconds(2),
+        std::make_unique<SparseReducers>(config, world.node_rank, world.num_nodes, transport),
+        std::move(options));
+  }
+  ~Node() {
+    executor_->Stop();
+    executor_.reset();
+    for (int fd : worker_fds_) close(fd);
+  }
+
+  Executor& executor() { return *executor_; }
+  Feed& feed() { return feed_; }
+
+  // Writes round `round` of every tensor of every local worker and posts READY. `poison`: the
+  // tensor whose first element is made NaN (-1: none).
+  void Post(uint64_t round, int poison = -1) {
+    for (int local = 0; local < world_.local_size; ++local) {
+      for (size_t t = 0; t < specs_.size(); ++t) {
+        float* data = static_cast<float*>(regions_[local][t]->data());
+        for (size_t i = 0; i < static_cast<size_t>(specs_[t].numel); ++i) {
+          data[i] = Value(world_.node_rank, local, t, i, round);
+        }
+        if (static_cast<int>(t) == poison) data[0] = NAN;
+        sparsync_ready ready{};
+        ready.tensor_id = static_cast<uint32_t>(t);
+        ready.round = round;
+        EXPECT_TRUE(table_->OnReady(sessions_[local], ready).ok());
+      }
+    }
+  }
+
+  // One DONE per tensor and local worker, by tensor id (worker 0's; every worker's must agree).
+  // Status -1 for a DONE that did not come within `deadline`.
+  std::vector<sparsync_done> ReadDones(std::chrono::milliseconds deadline) {
+    std::vector<sparsync_done> by_tensor(specs_.size());
+    for (auto& d : by_tensor) d.status = -1;
+    for (int local = 0; local < world_.local_size; ++local) {
+      for (size_t n = 0; n < specs_.size(); ++n) {
+        pollfd p{worker_fds_[local], POLLIN, 0};
+        if (poll(&p, 1, static_cast<int>(deadline.count())) != 1) return by_tensor;
+        sparsync_done done{};
+        if (recv(worker_fds_[local], &done, sizeof(done), 0) != sizeof(done)) return by_tensor;
+        if (done.tensor_id < by_tensor.size() && local == 0) by_tensor[done.tensor_id] = done;
+      }
+    }
+    return by_tensor;
+  }
+
+  // Every local worker's buffers, concatenated.
+  std::vector<float> Results() const {
+    std::vector<float> out;
+    for (int local = 0; local < world_.local_size; ++local) {
+      for (size_t t = 0; t < specs_.size(); ++t) {
+        const float* data = static_cast<const float*>(regions_[local][t]->data());
+        out.insert(out.end(), data, data + specs_[t].numel);
+      }
+    }
+    return out;
+  }
+
+ private:
+  const World world_;
+  const std::vector<TensorSpec> specs_;
+  std::unique_ptr<TensorTable> table_;
+  std::vector<std::shared_ptr<intake::WorkerSession>> sessions_;
+  std::vector<int> worker_fds_;
+  std::vector<std::vector<std::shared_ptr<intake::SharedRegion>>> regions_;
+  Feed feed_;
+  std::unique_ptr<Executor> executor_;
+};
+
+// Entries of one round: groups of tensor indices, seq numbers from `first_seq`.
+std::vector<ScheduleEntry> Schedule(const std::vector<std::vector<uint32_t>>& groups,
+                                    uint64_t first_seq) {
+  std::vector<ScheduleEntry> entries;
+  for (const auto& g : groups) {
+    ScheduleEntry e;
+    e.seq = first_seq++;
+    for (uint32_t t : g) e.group.push_back(GroupTensor{t + 1, {}});
+    entries.push_back(std::move(e));
+  }
+  return entries;
+}
+
+Config SparseConfig() {
+  Config c;
+  c.compressor = Compressor::kTopK;
+  c.density = 0.01;
+  c.min_compress_bytes = 16 << 10;
+  c.seed = 3;
+  return c;
+}
+
+// A mix of every path: sparse top-k, dense fused, gTop-k (pairwise rounds on 4 nodes, the
+// allgather fallback on 3), an explicit in-place allreduce, a fused sparse group, random-k (a
+// shared-seed value allreduce) and a dense fused group of small gradients.
+const std::vector<TensorSpec> kMixed = {
+    {"fc.weight", 20000},
+    {"fc.bias", 64},
+    {"bn.weight", 100},
+    {"conv2.weight", 30000, SPARSYNC_OP_GRADIENT, SPARSYNC_COMPRESSOR_GTOPK},
+    {"loss.scale", 500, SPARSYNC_OP_ALLREDUCE},
+    {"conv1.weight", 8000},
+    {"conv1.bias", 8000},
+    {"embed.weight", 20000, SPARSYNC_OP_GRADIENT, SPARSYNC_COMPRESSOR_RANDOMK},
+    {"head.bias", 10, SPARSYNC_OP_GRADIENT, SPARSYNC_COMPRESSOR_NONE},
+};
+const std::vector<std::vector<uint32_t>> kMixedGroups = {{0}, {1, 2}, {3}, {4}, {5, 6}, {7}, {8}};
+
+struct RunResult {
+  std::vector<std::vector<float>> results;  // per node, per round concatenated
+  std::vector<std::vector<std::string>> logs;
+  std::vector<bool> one_thread;  // per node: every transport call on one thread, not stage A's
+  std::vector<std::vector<int32_t>> statuses;
+};
+
+// Runs `rounds` rounds of kMixed on `nodes` nodes with `local_size` workers each, pipelined
+// (Start) or one entry at a time (RunOnce on the test's thread).
+RunResult RunMixed(int nodes, int local_size, int rounds, bool pipelined) {
+  auto hub = std::make_shared<transport::LoopbackHub>(nodes, std::chrono::seconds(20));
+  std::vector<std::unique_ptr<transport::LoopbackTransport>> loopbacks;
+  std::vector<std::unique_ptr<RecordingTransport>> recorders;
+  std::vector<std::unique_ptr<Node>> cluster;
+  std::vector<std::thread::id> stage_a(nodes);
+  std::mutex mu;
+  for (int r = 0; r < nodes; ++r) {
+    loopbacks.push_back(std::make_unique<transport::LoopbackTransport>(hub, r));
+    recorders.push_back(std::make_unique<RecordingTransport>(loopbacks.back().get()));
+  }
+  for (int r = 0; r < nodes; ++r) {
+    ExecutorOptions options;
+    RecordingTransport* rec = recorders[r].get();
+    options.on_exchange = [rec](uint64_t seq) { rec->Mark("entry " + std::to_string(seq)); };
+    options.on_prepared = [&stage_a, &mu, r](uint64_t) {
+      std::lock_guard lock(mu);
+      stage_a[r] = std::this_thread::get_id();
+    };
+    cluster.push_back(std::make_unique<Node>(World{r, nodes, local_size}, kMixed, rec,
+                                             SparseConfig(), options,
+                                             [hub](const Status& s) { hub->Abort(s); }));
+    if (pipelined) cluster.back()->executor().Start();
+  }
+  RunResult out;
+  out.results.resize(nodes);
+  out.statuses.resize(nodes);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nodes; ++r) {
+    threads.emplace_back([&, r] {
+      Node& node = *cluster[r];
+      for (int round = 1; round <= rounds; ++round) {
+        node.Post(static_cast<uint64_t>(round));
+        node.feed().Push(Schedule(kMixedGroups, 1 + (round - 1) * kMixedGroups.size()));
+        if (!pipelined) node.executor().RunOnce(std::chrono::milliseconds(0));
+        for (const auto& d : node.ReadDones(std::chrono::seconds(20))) {
+          out.statuses[r].push_back(d.status);
+        }
+        auto res = node.Results();
+        out.results[r].insert(out.results[r].end(), res.begin(), res.end());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  cluster.clear();  // stops the executors
+  for (int r = 0; r < nodes; ++r) {
+    out.logs.push_back(recorders[r]->log());
+    auto used = recorders[r]->threads();
+    out.one_thread.push_back(used.size() == 1 && (!pipelined || !used.count(stage_a[r])));
+  }
+  return out;
+}
+
+class ExecutorPipelineTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(ExecutorPipelineTest, SameBitsOnEveryNodeAndAsOneEntryAtATime) {
+  const auto [nodes, local_size] = GetParam();
+  RunResult piped = RunMixed(nodes, local_size, 3, /*pipelined=*/true);
+  RunResult serial = RunMixed(nodes, local_size, 3, /*pipelined=*/false);
+  for (int r = 0; r < nodes; ++r) {
+    for (int32_t s : piped.statuses[r]) ASSERT_EQ(s, SPARSYNC_OK) << "node " << r;
+    ASSERT_EQ(piped.results[r].size(), piped.results[0].size());
+    ASSERT_FALSE(piped.results[r].empty());
+    EXPECT_EQ(0, std::memcmp(piped.results[r].data(), piped.results[0].data(),
+                             piped.results[0].size() * sizeof(float)))
+        << "node " << r << " differs from node 0";
+    ASSERT_EQ(serial.results[r].size(), piped.results[r].size());
+    EXPECT_EQ(0, std::memcmp(piped.results[r].data(), serial.results[r].data(),
+                             piped.results[r].size() * sizeof(float)))
+        << "node " << r << ": pipelined and one-at-a-time results differ";
+  }
+}
+
+TEST_P(ExecutorPipelineTest, TransportCallsInScheduleOrderFromOneThread) {
+  const auto [nodes, local_size] = GetParam();
+  RunResult piped = RunMixed(nodes, local_size, 2, /*pipelined=*/true);
+  const size_t entries = 2 * kMixedGroups.size();
+  for (int r = 0; r < nodes; ++r) {
+    EXPECT_EQ(piped.logs[r], piped.logs[0]) << "node " << r << " called the transport differently";
+    EXPECT_TRUE(piped.one_thread[r]) << "node " << r << ": transport used off stage B's thread";
+    // Entries start in schedule order, each with transport calls of its own.
+    uint64_t expected = 1;
+    for (const std::string& line : piped.logs[r]) {
+      if (line.rfind("entry ", 0) == 0) {
+        EXPECT_EQ(line, "entry " + std::to_string(expected)) << "node " << r;
+        ++expected;
+      }
+    }
+    EXPECT_EQ(expected, entries + 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, ExecutorPipelineTest,
+                         ::testing::Values(std::make_tuple(1, 1), std::make_tuple(3, 1),
+                                           std::make_tuple(4, 1), std::make_tuple(3, 2)),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "nodes_" +
+                                  std::to_string(std::get<1>(info.param)) + "workers";
+                         });
+
+// Stage A of entry n+1 must finish while entry n is being exchanged: every transport call of an
+// entry (but the last) waits for the next entry's on_prepared. Executed one entry at a time this
+// never happens and the wait gives up after `patience`.
+bool OverlapObserved(int nodes, bool pipelined, std::chrono::milliseconds patience) {
+  const std::vector<TensorSpec> specs = {{"a", 40000}, {"b", 40000}, {"c", 40000}, {"d", 40000}};
+  const uint64_t last = specs.size();
+  auto hub = std::make_shared<transport::LoopbackHub>(nodes, std::chrono::seconds(20));
+  struct Stages {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::set<uint64_t> prepared;
+    uint64_t exchanging = 0;
+    bool missed = false;
+  };
+  std::vector<std::unique_ptr<Stages>> stages;
+  std::vector<std::unique_ptr<transport::LoopbackTransport>> loopbacks;
+  std::vector<std::unique_ptr<RecordingTransport>> recorders;
+  std::vector<std::unique_ptr<Node>> cluster;
+  for (int r = 0; r < nodes; ++r) {
+    stages.push_back(std::make_unique<Stages>());
+    Stages* s = stages.back().get();
+    loopbacks.push_back(std::make_unique<transport::LoopbackTransport>(hub, r));
+    recorders.push_back(std::make_unique<RecordingTransport>(loopbacks.back().get()));
+    recorders.back()->before = [s, last, patience]() -> Status {
+      std::unique_lock lock(s->mu);
+      const uint64_t next = s->exchanging + 1;
+      if (next > last) return Status::Ok();
+      if (!s->cv.wait_for(lock, patience, [&] { return s->prepared.count(next) > 0; })) {
+        s->missed = true;
+        return DeadlineExceeded("entry " + std::to_string(next) +
+                                " was not prepared during the "
+                                "exchange of entry " +
+                                std::to_string(next - 1));
+      }
+      return Status::Ok();
+    };
+    ExecutorOptions options;
+    options.on_prepared = [s](uint64_t seq) {
+      {
+        std::lock_guard lock(s->mu);
+        s->prepared.insert(seq);
+      }
+      s->cv.notify_all();
+    };
+    options.on_exchange = [s](uint64_t seq) {
+      std::lock_guard lock(s->mu);
+      s->exchanging = seq;
+    };
+    cluster.push_back(std::make_unique<Node>(World{r, nodes, 1}, specs, recorders.back().get(),
+                                             SparseConfig(), options,
+                                             [hub](const Status& st) { hub->Abort(st); }));
+    if (pipelined) cluster.back()->executor().Start();
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nodes; ++r) {
+    threads.emplace_back([&, r] {
+      cluster[r]->Post(1);
+      cluster[r]->feed().Push(Schedule({{0}, {1}, {2}, {3}}, 1));
+      if (!pipelined) cluster[r]->executor().RunOnce(std::chrono::milliseconds(0));
+      cluster[r]->ReadDones(std::chrono::seconds(20));
+    });
+  }
+  for (auto& t : threads) t.join();
+  cluster.clear();
+  bool overlapped = true;
+  for (auto& s : stages) overlapped = overlapped && !s->missed && s->exchanging == last;
+  return overlapped;
+}
+
+TEST(ExecutorOverlapTest, NextEntryIsPreparedWhileTheCurrentOneIsExchanged) {
+  EXPECT_TRUE(OverlapObserved(1, /*pipelined=*/true, std::chrono::seconds(20)));
+  EXPECT_TRUE(OverlapObserved(2, /*pipelined=*/true, std::chrono::seconds(20)));
+}
+
+TEST(ExecutorOverlapTest, OneEntryAtATimeDoesNotOverlap) {
+  // The check above can fail: executed serially, the next entry is never prepared in time.
+  EXPECT_FALSE(OverlapObserved(1, /*pipelined=*/false, std::chrono::milliseconds(200)));
+}
+
+// A stage-A error (a NaN under SPARSYNC_NONFINITE=error) on node 1 in entry 2: node 1 still
+// completes entry 1 first (the error keeps its place in the schedule), then every later tensor
+// fails on every node once the coordinator's fatal entry arrives; nothing hangs.
+TEST(ExecutorFailureTest, StageAErrorFailsEverythingAfterItsPlace) {
+  const int nodes = 2;
+  const std::vector<TensorSpec> specs = {{"a", 40000}, {"b", 40000}, {"c", 40000}};
+  auto hub = std::make_shared<transport::LoopbackHub>(nodes, std::chrono::seconds(20));
+  std::vector<std::unique_ptr<transport::LoopbackTransport>> loopbacks;
+  std::vector<std::unique_ptr<Node>> cluster;
+  std::mutex mu;
+  std::vector<Status> reported;
+  // The coordinator's answer to a failure report: a fatal entry for every node.
+  auto coordinator_fails = [&](const Status& st) {
+    {
+      std::lock_guard lock(mu);
+      reported.push_back(st);
+    }
+    ScheduleEntry fatal;
+    fatal.seq = 100;
+    fatal.fatal = Aborted("job failed: " + st.message());
+    for (auto& node : cluster) node->feed().Push({fatal});
+  };
+  for (int r = 0; r < nodes; ++r) {
+    loopbacks.push_back(std::make_unique<transport::LoopbackTransport>(hub, r));
+    cluster.push_back(std::make_unique<Node>(World{r, nodes, 1}, specs, loopbacks.back().get(),
+                                             SparseConfig(), ExecutorOptions{}, coordinator_fails));
+  }
+  for (auto& node : cluster) node->executor().Start();
+  std::vector<std::vector<sparsync_done>> dones(nodes);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nodes; ++r) {
+    threads.emplace_back([&, r] {
+      cluster[r]->Post(1, /*poison=*/r == 1 ? 1 : -1);
+      cluster[r]->feed().Push(Schedule({{0}, {1}, {2}}, 1));
+      dones[r] = cluster[r]->ReadDones(std::chrono::seconds(20));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& node : cluster) node->executor().Stop();
+  EXPECT_EQ(dones[1][0].status, SPARSYNC_OK)
+      << "entry 1 precedes the error: " << dones[1][0].message;
+  for (int r = 0; r < nodes; ++r) {
+    for (size_t t = 1; t < specs.size(); ++t) {
+      EXPECT_NE(dones[r][t].status, SPARSYNC_OK) << "node " << r << " tensor " << t;
+      EXPECT_NE(dones[r][t].status, -1) << "node " << r << " tensor " << t << ": no DONE";
+    }
+  }
+  EXPECT_NE(std::string(dones[1][1].message).find("non-finite"), std::string::npos)
+      << dones[1][1].message;
+  std::lock_guard lock(mu);
+  ASSERT_FALSE(reported.empty());
+  EXPECT_NE(reported.front().message().find("'b'"), std::string::npos)
+      << reported.front().message();
+}
+
+// A fatal entry while stage B is blocked in a collective (node 1 never shows up): the transport
+// is aborted at once, so the blocked call returns and the workers hear the fatal reason, not a
+// transport timeout.
+TEST(ExecutorFailureTest, FatalEntryAbortsABlockedExchange) {
+  const std::vector<TensorSpec> specs = {{"a", 40000}, {"b", 64}};
+  auto hub = std::make_shared<transport::LoopbackHub>(2, std::chrono::seconds(20));
+  transport::LoopbackTransport loopback(hub, 0);
+  std::atomic<int> failures{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool exchanging = false;
+  ExecutorOptions options;
+  options.on_exchange = [&](uint64_t) {
+    {
+      std::lock_guard lock(mu);
+      exchanging = true;
+    }
+    cv.notify_all();
+  };
+  Node node(World{0, 2, 1}, specs, &loopback, SparseConfig(), options,
+            [&](const Status&) { ++failures; });
+  node.executor().Start();
+  node.Post(1);
+  node.feed().Push(Schedule({{0}, {1}}, 1));
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return exchanging; }));
+  }
+  ScheduleEntry fatal;
+  fatal.seq = 3;
+  fatal.fatal = Aborted("node 1 died");
+  node.feed().Push({fatal});
+  auto dones = node.ReadDones(std::chrono::seconds(10));
+  for (const auto& d : dones) {
+    EXPECT_NE(d.status, SPARSYNC_OK);
+    EXPECT_NE(d.status, -1) << "no DONE";
+    EXPECT_NE(std::string(d.message).find("node 1 died"), std::string::npos) << d.message;
+  }
+  node.executor().Stop();
+  EXPECT_EQ(failures.load(), 0) << "a fatal entry is the coordinator's news, not this node's";
+}
+
+TEST(ExecutorTest, PlanAnnouncementsAreSkipped) {
+  const std::vector<TensorSpec> specs = {{"a", 1000}};
+  auto hub = std::make_shared<transport::LoopbackHub>(1);
+  transport::LoopbackTransport loopback(hub, 0);
+  Node node(World{0, 1, 1}, specs, &loopback, SparseConfig(), ExecutorOptions{},
+            [](const Status& st) { ADD_FAILURE() << st.ToString(); });
+  node.executor().Start();
+  node.Post(1);
+  ScheduleEntry plan;
+  plan.seq = 1;
+  plan.plan = std::make_shared<const negotiation::PlanInfo>();
+  node.feed().Push({plan});
+  node.feed().Push(Schedule({{0}}, 2));
+  auto dones = node.ReadDones(std::chrono::seconds(10));
+  EXPECT_EQ(dones[0].status, SPARSYNC_OK) << dones[0].message;
+  node.executor().Stop();
+  node.executor().Stop();  // idempotent
+}
+
+}  // namespace
+}  // namespace sparsync::pipeline
