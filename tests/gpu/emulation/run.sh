@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs the CUDA kernel tests (tests/unit/kernels/cuda/) on the CPU, through the emulation of the
+# CUDA execution model in include/cuda_emulation.h: a logic check of kernels/cuda/ for machines
+# without a GPU. Not a substitute for tests/gpu/device_check.sh: blocks run one at a time, there
+# is no timing, and device arithmetic is the host's. It did find a warp race that a GPU would
+# show only now and then.
+#
+#   tests/gpu/emulation/run.sh [gtest arguments]   # e.g. --gtest_filter='*TopK*'
+#
+# Builds into build-cuda-emulation/ (the CPU kernels with -DSPARSYNC_CUDA=OFF, then the .cu files
+# rewritten by translate_launches.py and compiled as C++ with g++), needs an installed GoogleTest
+# and x86-64. The whole suite takes about 5 minutes on one core.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../../.." && pwd)
+here="$repo/tests/gpu/emulation"
+out="$repo/build-cuda-emulation"
+jobs=${JOBS:-2}
+mkdir -p "$out/src" "$out/obj"
+
+cmake -S "$repo/kernels" -B "$out/kernels" -G Ninja -DSPARSYNC_CUDA=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$out/kernels.log"
+cmake --build "$out/kernels" --target sparsync_kernels >>"$out/kernels.log"
+
+cxx=(g++ -std=c++20 -O2 -g -pthread -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas
+     -I"$here/include" -I"$repo")
+sources=()
+for cu in select threshold random aggregate; do
+  python3 "$here/translate_launches.py" "$repo/kernels/cuda/$cu.cu" "$out/src/$cu.cc"
+  sources+=("$out/src/$cu.cc")
+done
+sources+=("$repo/kernels/cuda/workspace.cc" "$repo/kernels/cuda/cuda_status.cc")
+for t in topk selection aggregate workspace; do
+  sources+=("$repo/tests/unit/kernels/cuda/${t}_test.cc")
+done
+objects=()
+for src in "${sources[@]}"; do
+  obj="$out/obj/$(basename "$src").o"
+  objects+=("$obj")
+  newer_header=""
+  [[ -f "$obj" ]] &&
+    newer_header=$(find "$repo/kernels" "$here/include" "$repo/tests/unit/kernels" \
+    -newer "$obj" \( -name '*.h' -o -name '*.cuh' \) -print -quit)
+  if [[ ! -f "$obj" || "$src" -nt "$obj" || -n "$newer_header" ]]; then
+    "${cxx[@]}" -c "$src" -o "$obj" &
+  fi
+  while (( $(jobs -rp | wc -l) >= jobs )); do wait -n; done
+done
+wait
+"${cxx[@]}" -o "$out/kernels_cuda_emulated_test" "${objects[@]}" \
+  "$out/kernels/libsparsync_kernels.a" -lgtest_main -lgtest
+echo "running the CUDA kernel tests under emulation" >&2
+"$out/kernels_cuda_emulated_test" "$@"
