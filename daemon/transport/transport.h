@@ -3,7 +3,8 @@
 //
 // Contract: every node calls the same collectives in the same order with the same tags (the
 // schedule guarantees it); each call blocks until its result is in place or fails with a Status
-// (never throws, never hangs past the transport's timeout). Calls from one thread at a time.
+// (never throws, never hangs past the transport's timeout). Collectives are called from one thread
+// at a time; Abort() may be called from any thread while one is in progress.
 // Results are bit-identical on every node.
 #pragma once
 
