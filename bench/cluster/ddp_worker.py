@@ -16,10 +16,8 @@ Run one process per node, with torch.distributed's environment, e.g.
 
 import argparse
 import datetime
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -119,7 +117,6 @@ def main(argv=None):
                      end - (module.clock.start + schedule.backward_s)))
     dist.barrier()
     dist.destroy_process_group()
-    measured = rows[args.warmup:]
     result = {
         "worker": "ddp", "rank": rank, "size": size, "model": profile["model"],
         "profile": str(model_profile.resolve(args.profile)), "num_tensors": len(schedule),
@@ -128,17 +125,8 @@ def main(argv=None):
         "replayed_forward_s": schedule.forward_s if not args.no_forward else 0.0,
         "replayed_backward_s": schedule.backward_s, "bucket_mb": args.bucket_mb,
         "warmup": args.warmup, "iters": args.iters,
-        "warmup_iter_s": [r[0] for r in rows[:args.warmup]],
-        "iter_s": [r[0] for r in measured],
-        "backward_comm_s": [r[1] for r in measured],
-        "post_lag_s": [r[2] for r in measured],
-        "tail_s": [r[3] for r in measured],
     }
-    text = json.dumps(result, indent=1)
-    if args.out == "-":
-        print(text)
-    else:
-        Path(args.out.replace("{rank}", str(rank))).write_text(text + "\n")
+    model_profile.write_result(result, rows, args.warmup, args.out)
     return 0
 
 

@@ -71,3 +71,24 @@ class Schedule:
     @property
     def total_numel(self):
         return sum(self.numels)
+
+
+def write_result(result, rows, warmup, out):
+    """Adds the per-iteration timings (rows of (iteration, backward+comm, post lag, tail) seconds,
+    warm-up first) to a worker's `result` and writes it as JSON to `out` ("-": stdout; "{rank}"
+    is replaced by the result's rank)."""
+    import json
+    from pathlib import Path
+    measured = rows[warmup:]
+    result.update({
+        "warmup_iter_s": [r[0] for r in rows[:warmup]],
+        "iter_s": [r[0] for r in measured],
+        "backward_comm_s": [r[1] for r in measured],
+        "post_lag_s": [r[2] for r in measured],
+        "tail_s": [r[3] for r in measured],
+    })
+    text = json.dumps(result, indent=1)
+    if out == "-":
+        print(text)
+    else:
+        Path(out.replace("{rank}", str(result["rank"]))).write_text(text + "\n")

@@ -20,7 +20,6 @@ was against its schedule ("post_lag_s"), and the wait after the last post ("tail
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -133,7 +132,6 @@ def main(argv=None):
     except SparsyncError as e:
         sys.stderr.write("replay_worker: %s\n" % e)
         return 1
-    measured = rows[args.warmup:]
     result = {
         "worker": "sparsync", "rank": client.world["rank"], "size": client.world["size"],
         "model": profile["model"], "profile": str(model_profile.resolve(args.profile)),
@@ -142,17 +140,8 @@ def main(argv=None):
         "replayed_forward_s": schedule.forward_s if not args.no_forward else 0.0,
         "replayed_backward_s": schedule.backward_s,
         "warmup": args.warmup, "iters": args.iters,
-        "warmup_iter_s": [r[0] for r in rows[:args.warmup]],
-        "iter_s": [r[0] for r in measured],
-        "backward_comm_s": [r[1] for r in measured],
-        "post_lag_s": [r[2] for r in measured],
-        "tail_s": [r[3] for r in measured],
     }
-    text = json.dumps(result, indent=1)
-    if args.out == "-":
-        print(text)
-    else:
-        Path(args.out.replace("{rank}", str(result["rank"]))).write_text(text + "\n")
+    model_profile.write_result(result, rows, args.warmup, args.out)
     return 0
 
 
