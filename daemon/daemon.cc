@@ -123,12 +123,21 @@ Status Daemon::Start() {
                                                  transport_.get());
     if (!probe.ok()) return probe.status();
   }
+  pipeline::ExecutorOptions executor_options;
+  if (core_ && config_.merge.calibrate) {
+    // Node 0's own group costs keep the planner's model current while the job trains.
+    negotiation::CoordinatorCore* core = core_.get();
+    executor_options.on_group_cost = [core](const pipeline::GroupCost& cost) {
+      core->RecordGroupCost(cost.elements, cost.sparse, cost.sparsify_s, cost.exchange_s);
+    };
+  }
   executor_ = std::make_unique<pipeline::Executor>(
       world, table_.get(), transport_.get(),
       [this](std::chrono::milliseconds wait) { return agent_->Next(wait); },
       [this](const Status& error) { agent_->Fail(error); }, std::chrono::seconds(10),
       std::make_unique<pipeline::SparseReducers>(config_, config_.node_rank, config_.num_nodes,
-                                                 transport_.get()));
+                                                 transport_.get()),
+      std::move(executor_options));
   agent_->Start();
   executor_->Start();
   intake_ = std::make_unique<intake::IntakeServer>(config_.socket_path, config_.node_rank,

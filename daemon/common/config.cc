@@ -274,8 +274,8 @@ std::vector<Setting> Settings() {
         return SetInt(st, v, 0, 1000000000, &c->merge.replan_steps);
       });
   add("calibrate", "SPARSYNC_CALIBRATE", "1",
-      "measure the selection and exchange costs across the nodes at start-up (0: use the "
-      "built-in 1 Gb/s estimates)",
+      "measure the selection and exchange costs across the nodes at start-up and keep "
+      "measuring them while training (0: plan with the built-in 1 Gb/s estimates only)",
       [](const Setting& st, const std::string& v, Config* c) {
         if (v != "0" && v != "1") return Reject(st, v, "accepted values: 0, 1");
         c->merge.calibrate = v == "1";

@@ -29,7 +29,7 @@ struct MergePolicy {
   int warmup_steps = 5;                 // steps measured before the first plan
   double replan_drift = 0.2;            // re-plan when backward time drifts by this fraction
   int replan_steps = 0;                 // also re-plan every this many steps (0: only on drift)
-  bool calibrate = true;                // measure t_s and t_c at start-up
+  bool calibrate = true;                // measure t_s and t_c at start-up and while training
 };
 
 struct Config {

@@ -52,6 +52,12 @@ void CoordinatorCore::SetCostModel(const planning::CostModel& cost) {
   state_.SetCostModel(cost);
 }
 
+void CoordinatorCore::RecordGroupCost(uint64_t elements, bool sparse, double sparsify_s,
+                                      double exchange_s) {
+  std::lock_guard lock(mu_);
+  state_.RecordGroupCost(elements, sparse, sparsify_s, exchange_s);
+}
+
 void CoordinatorCore::RunOnce() {
   std::vector<std::string> warnings, notes;
   uint64_t before, after;

@@ -38,6 +38,9 @@ class CoordinatorCore : public CoordinatorLink {
 
   // The planner's cost model, measured at start-up; plans made before it is set use defaults.
   void SetCostModel(const planning::CostModel& cost);
+  // What a gradient group cost node 0 (the daemon that hosts the coordinator): keeps the cost
+  // model current while the job trains (MergeScheduler::RecordGroupCost).
+  void RecordGroupCost(uint64_t elements, bool sparse, double sparsify_s, double exchange_s);
 
   // One pass of the timer: flush due batches, log stalls. Public for tests.
   void RunOnce();

@@ -76,6 +76,9 @@ class CoordinatorState {
   const TensorMeta* Meta(uint32_t slot) const;
   // The planner's cost model (measured at start-up by the daemon).
   void SetCostModel(const planning::CostModel& cost) { merge_.SetCostModel(cost); }
+  void RecordGroupCost(uint64_t elements, bool sparse, double sparsify_s, double exchange_s) {
+    merge_.RecordGroupCost(elements, sparse, sparsify_s, exchange_s);
+  }
   const MergeScheduler& merge() const { return merge_; }
   // Informational lines for the log (plans made and dropped).
   std::vector<std::string> TakeLog() { return merge_.TakeLog(); }

@@ -134,7 +134,30 @@ void MergeScheduler::MaybePlan() {
   double drift = std::abs(span - plan_span_s_) / std::max(plan_span_s_, 1e-6);
   if (drift > options_.replan_drift && std::abs(span - plan_span_s_) > 1e-3) {
     MakePlan("backward time moved from " + Ms(plan_span_s_) + " to " + Ms(span));
+    return;
   }
+  std::string why;
+  if (CostsDrifted(&why)) MakePlan(why);
+}
+
+void MergeScheduler::RecordGroupCost(uint64_t elements, bool sparse, double sparsify_s,
+                                     double exchange_s) {
+  if (sparse == options_.dense_by_default) return;
+  costs_.Add(elements, sparsify_s, exchange_s);
+}
+
+// The current plan under the measured costs, against what it was predicted to take.
+bool MergeScheduler::CostsDrifted(std::string* why) const {
+  if (!plan_ || plan_starts_.empty() || plan_->predicted_s <= 0) return false;
+  planning::PlanInput in = plan_input_;
+  in.cost = costs_.Current();
+  if (in.cost == plan_input_.cost) return false;
+  double now = planning::Simulate(in, plan_starts_).iteration_s;
+  double moved = std::abs(now - plan_->predicted_s);
+  if (moved <= options_.replan_drift * plan_->predicted_s || moved <= 1e-3) return false;
+  *why = "measured costs moved this plan's prediction from " + Ms(plan_->predicted_s) + " to " +
+         Ms(now);
+  return true;
 }
 
 std::vector<double> MergeScheduler::BackwardTimes(const std::vector<uint32_t>& order) const {
@@ -164,7 +187,7 @@ void MergeScheduler::MakePlan(const std::string& why) {
   const std::vector<uint32_t>& order = samples_.back().order;
   std::vector<double> backward = BackwardTimes(order);
   planning::PlanInput in;
-  in.cost = cost_;
+  in.cost = costs_.Current();
   in.sparsify_blocks_backward = options_.sparsify_blocks_backward;
   bool dense = true;
   for (size_t i = 0; i < order.size(); ++i) {
@@ -187,7 +210,7 @@ void MergeScheduler::MakePlan(const std::string& why) {
   }
   // What the other planners predict, to see how far the chosen one is from the optimum.
   std::ostringstream summary;
-  summary << cost_.ToString() << "; backward " << Ms(SampleSpan(samples_.back().node_ready, num_nodes_))
+  summary << in.cost.ToString() << "; backward " << Ms(SampleSpan(samples_.back().node_ready, num_nodes_))
           << "; predicted:";
   for (auto other : {planning::PlannerKind::kOptimal, planning::PlannerKind::kOmgs,
                      planning::PlannerKind::kLayerwise, planning::PlannerKind::kSingle}) {
@@ -223,6 +246,8 @@ void MergeScheduler::MakePlan(const std::string& why) {
       options_.min_group_wait,
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(4 * longest)));
   steps_under_plan_ = 0;
+  plan_input_ = in;
+  plan_starts_ = plan->starts;
   log_.push_back("plan v" + std::to_string(info.version) + " (" + info.planner + ") from step " +
                  std::to_string(info.effective_step) + ": " + plan->Describe(order.size()) +
                  ", predicted " + Ms(info.predicted_s) + " (" + info.summary + "); " + why);

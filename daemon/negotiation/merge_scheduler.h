@@ -15,6 +15,10 @@
 // job). Re-plans happen when the measured backward time drifts by more than `replan_drift`, or
 // every `replan_steps` steps; each takes the next planner in `planners`.
 //
+// Costs. The cost model starts as the start-up calibration (SetCostModel) and follows the costs
+// node 0's executor measures for each group (RecordGroupCost, planning/cost_tracker.h). A plan is
+// re-made when the measured costs move its own predicted time by more than `replan_drift`.
+//
 // Timestamps. Each node stamps a tensor with its own monotonic clock; only differences between
 // two tensors of one node are used, so the nodes' clocks need not agree. The first gradient of a
 // step has no predecessor: its backward time is taken as zero, so predictions count from the
@@ -34,6 +38,8 @@
 
 #include "daemon/negotiation/types.h"
 #include "daemon/planning/cost_model.h"
+#include "daemon/planning/cost_tracker.h"
+#include "daemon/planning/planner.h"
 
 namespace sparsync::negotiation {
 
@@ -70,8 +76,13 @@ class MergeScheduler {
  public:
   MergeScheduler(MergeOptions options, int num_nodes);
 
-  void SetCostModel(const planning::CostModel& cost) { cost_ = cost; }
-  const planning::CostModel& cost_model() const { return cost_; }
+  // The calibrated model (before any group is measured).
+  void SetCostModel(const planning::CostModel& cost) { costs_.SetBase(cost); }
+  // One reduced gradient group's measured cost (pipeline/executor.h's GroupCost). Groups of the
+  // other kind than the job plans for (dense groups of a sparse job) are ignored.
+  void RecordGroupCost(uint64_t elements, bool sparse, double sparsify_s, double exchange_s);
+  // The model the next plan will use.
+  planning::CostModel cost_model() const { return costs_.Current(); }
 
   // Records `g`. Returns true when the current plan takes it (its group comes out of Take());
   // false: the caller schedules it (warm-up, or no plan fits).
@@ -110,13 +121,14 @@ class MergeScheduler {
 
   void CloseStep(bool regular);
   void MaybePlan();
+  bool CostsDrifted(std::string* why) const;
   void MakePlan(const std::string& why);
   void DropPlan(const std::string& why);
   std::vector<double> BackwardTimes(const std::vector<uint32_t>& order) const;
 
   const MergeOptions options_;
   const int num_nodes_;
-  planning::CostModel cost_;
+  planning::CostTracker costs_;
 
   uint64_t step_ = 0;
   // The step being watched.
@@ -133,6 +145,8 @@ class MergeScheduler {
   std::optional<PlanInfo> plan_;
   uint32_t plans_made_ = 0;
   double plan_span_s_ = 0;         // the backward span the plan was made for
+  planning::PlanInput plan_input_;  // what the plan was made from
+  std::vector<size_t> plan_starts_;
   Clock::duration group_wait_{};   // how long a partially ready group may wait
   uint64_t steps_under_plan_ = 0;
   std::unordered_map<uint32_t, size_t> group_of_;  // slot -> group index

@@ -15,6 +15,12 @@ namespace {
 // How long stage A waits for schedule entries before checking for Stop().
 constexpr std::chrono::milliseconds kNextWait(500);
 
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 // One schedule entry in flight: what stage A made of it and stage B sends. Reused; the vectors
@@ -40,6 +46,7 @@ struct Executor::Slot {
   SparseReducer* sparse = nullptr;
   PreparedGroup prepared;
   std::chrono::steady_clock::time_point started;
+  GroupCost cost;  // sparsify_s filled by stage A, the rest by B
 };
 
 Executor::Executor(World world, TensorTable* table, transport::Transport* transport, NextFn next,
@@ -138,11 +145,15 @@ void Executor::Prepare(const negotiation::ScheduleEntry& entry, Slot* slot) {
   slot->error = Status::Ok();
   slot->sparse = nullptr;
   slot->slices.clear();
+  slot->cost = {};
+  slot->cost.plan_version = entry.plan_version;
   auto resolved = table_->Resolve(entry, resolve_wait_);
   if (!resolved.ok()) {
     slot->error = resolved.status();
     return;
   }
+  int64_t begin_ns = prepare_free_ns_;
+  for (const GroupMember& m : *resolved) begin_ns = std::max(begin_ns, m.ready_ns);
   slot->members = std::move(*resolved);
   if (slot->members.empty()) {
     slot->error = Internal("schedule entry " + std::to_string(entry.seq) + " names no tensor");
@@ -160,6 +171,8 @@ void Executor::Prepare(const negotiation::ScheduleEntry& entry, Slot* slot) {
       slot->error = st;
     }
   }
+  prepare_free_ns_ = NowNs();
+  if (begin_ns > 0) slot->cost.sparsify_s = std::max<int64_t>(0, prepare_free_ns_ - begin_ns) * 1e-9;
 }
 
 Status Executor::PrepareReduce(Slot* slot) {
@@ -230,6 +243,7 @@ void Executor::Complete(Slot* slot) {
     return;
   }
   if (options_.on_exchange) options_.on_exchange(slot->seq);
+  const int64_t exchange_begin_ns = NowNs();
   std::vector<GroupMember>& members = slot->members;
   Status st;
   std::vector<std::shared_ptr<intake::SharedRegion>> gathered;
@@ -259,6 +273,12 @@ void Executor::Complete(Slot* slot) {
         (void)SendDone(part, Status::Ok());
       }
     }
+  }
+  if (options_.on_group_cost && slot->op == SPARSYNC_OP_GRADIENT) {
+    slot->cost.elements = slot->total;
+    slot->cost.sparse = slot->kind == Slot::Kind::kSparse;
+    slot->cost.exchange_s = std::max<int64_t>(0, NowNs() - exchange_begin_ns) * 1e-9;
+    options_.on_group_cost(slot->cost);
   }
 }
 

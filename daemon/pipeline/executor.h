@@ -37,6 +37,21 @@
 
 namespace sparsync::pipeline {
 
+// What one gradient group cost this node, for the planner's live cost model (planning/
+// cost_tracker.h). Both times leave out idle waiting, so they are what the planner's timeline
+// calls t_s and t_c:
+//   sparsify_s  stage A's work on the group, counted from when its last tensor was ready here or
+//               stage A became free, whichever was later, so the wait for the other nodes and
+//               the coordinator is part of it; then the local sum, residual, selection, packing.
+//   exchange_s  stage B's work: every transport call, the write-back and the DONE messages.
+struct GroupCost {
+  uint32_t plan_version = 0;  // 0: not under a merge plan
+  uint64_t elements = 0;
+  bool sparse = false;
+  double sparsify_s = 0;
+  double exchange_s = 0;
+};
+
 struct ExecutorOptions {
   // Prepared entries that may wait for stage B (>= 1). Each costs a staging buffer of its group.
   int depth = 1;
@@ -44,6 +59,8 @@ struct ExecutorOptions {
   // over); B is about to make the transport calls of entry `seq`.
   std::function<void(uint64_t seq)> on_prepared;
   std::function<void(uint64_t seq)> on_exchange;
+  // Called on stage B's thread after the DONE messages of every reduced gradient group.
+  std::function<void(const GroupCost&)> on_group_cost;
 };
 
 class Executor {
@@ -101,6 +118,7 @@ class Executor {
   const ExecutorOptions options_;
   uint32_t tag_ = 0;             // stage B only
   bool prepare_failed_ = false;  // stage A only: an error entry was handed off
+  int64_t prepare_free_ns_ = 0;  // stage A only: when it finished its previous entry
 
   std::vector<std::unique_ptr<Slot>> slots_;  // depth + 1, plus one for Execute()
   mutable std::mutex mu_;

@@ -199,6 +199,7 @@ Status TensorTable::OnReady(const std::shared_ptr<intake::WorkerSession>& sessio
         n.ready_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                          std::chrono::steady_clock::now().time_since_epoch())
                          .count();
+        t.ready_ns = n.ready_ns;
         if (t.meta.op == SPARSYNC_OP_ALLGATHER) {
           for (const auto& p : t.parts) n.worker_dim0.push_back(p->dim0);
         }
@@ -301,6 +302,7 @@ Result<std::vector<GroupMember>> TensorTable::Resolve(const negotiation::Schedul
     m.meta = t.meta;
     m.scheduled = scheduled;
     m.generation = t.generation;
+    m.ready_ns = t.ready_ns;
     for (int r = 0; r < world_.local_size; ++r) {
       if (!t.parts[r]) {
         return Aborted("local rank " + std::to_string(r) + " of node " +

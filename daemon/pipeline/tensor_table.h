@@ -50,6 +50,7 @@ struct GroupMember {
   negotiation::GroupTensor scheduled;
   std::vector<WorkerPart> parts;
   uint64_t generation = 0;  // the table's round generation, to detect a fail-all in between
+  int64_t ready_ns = 0;     // steady clock when every local worker had posted this round
 };
 
 class TensorTable : public intake::IntakeHandler {
@@ -96,6 +97,7 @@ class TensorTable : public intake::IntakeHandler {
     std::vector<bool> posted;
     int posted_count = 0;
     bool in_flight = false;  // reported; waiting for the schedule or executing
+    int64_t ready_ns = 0;    // steady clock when the round became locally ready
     uint64_t generation = 0;
   };
 

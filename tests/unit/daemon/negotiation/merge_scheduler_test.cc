@@ -154,6 +154,47 @@ TEST_F(MergeSchedulerTest, ReplansWhenBackwardDrifts) {
   EXPECT_EQ(plans[0].planner, "single") << "each re-plan takes the next planner of the list";
 }
 
+// Node 0's measured group costs keep the model current: a plan whose own prediction they move
+// by more than the drift threshold is re-made with them.
+TEST_F(MergeSchedulerTest, ReplansWhenMeasuredCostsMoveItsPrediction) {
+  MergeScheduler m(Options({"layerwise"}, 2), 2);
+  planning::CostModel calibrated;
+  calibrated.exchange = {1e-3, 0};
+  m.SetCostModel(calibrated);
+  for (int step = 0; step < 3; ++step) Step(m, 10);
+  auto first = PlansOf(m.Take());
+  ASSERT_EQ(first.size(), 1u);
+  // As calibrated (and dense groups of this sparse job, which do not count): no new plan.
+  for (int step = 0; step < 3; ++step) {
+    Step(m, 10);
+    for (uint64_t x : {1000u, 10u, 1000u}) {
+      m.RecordGroupCost(x, /*sparse=*/true, 0, 1e-3);
+      m.RecordGroupCost(x, /*sparse=*/false, 0, 0.5);
+    }
+  }
+  EXPECT_TRUE(PlansOf(m.Take()).empty());
+  EXPECT_EQ(m.cost_model().exchange, calibrated.exchange);
+  // Every exchange measured at 20 ms: three of them after the last gradient no longer fit. The
+  // per-size medians move one after the other, so there may be more than one new plan.
+  auto step_at_20ms = [&] {
+    for (uint64_t x : {1000u, 10u, 1000u}) m.RecordGroupCost(x, true, 0, 20e-3);
+    Step(m, 10);
+  };
+  for (int step = 0; step < 12; ++step) step_at_20ms();
+  auto plans = PlansOf(m.Take());
+  ASSERT_GE(plans.size(), 1u);
+  EXPECT_NEAR(m.cost_model().exchange.fixed_s, 20e-3, 1e-9);
+  EXPECT_NEAR(plans.back().predicted_s, 0.060, 1e-9) << "exchanges at 0-20, 20-40, 40-60 ms";
+  // Once the model has settled, so does the plan.
+  for (int step = 0; step < 6; ++step) step_at_20ms();
+  EXPECT_TRUE(PlansOf(m.Take()).empty());
+  bool logged = false;
+  for (const auto& line : m.TakeLog()) {
+    logged = logged || line.find("measured costs moved") != std::string::npos;
+  }
+  EXPECT_TRUE(logged);
+}
+
 TEST_F(MergeSchedulerTest, ReplansEveryNSteps) {
   MergeOptions o = Options({"layerwise", "single"}, 1);
   o.replan_steps = 2;

@@ -566,6 +566,44 @@ TEST(ExecutorFailureTest, FatalEntryAbortsABlockedExchange) {
   EXPECT_EQ(failures.load(), 0) << "a fatal entry is the coordinator's news, not this node's";
 }
 
+// The planner's live costs: one report per reduced gradient group, none for other collectives;
+// t_s counts from when the group's tensors were ready here, so the wait for the schedule (here
+// 50 ms) is part of it.
+TEST(ExecutorTest, ReportsWhatEachGradientGroupCost) {
+  const std::vector<TensorSpec> specs = {
+      {"a", 6000}, {"b", 2000}, {"scale", 100, SPARSYNC_OP_ALLREDUCE}, {"c", 10}};
+  auto hub = std::make_shared<transport::LoopbackHub>(1);
+  transport::LoopbackTransport loopback(hub, 0);
+  std::mutex mu;
+  std::vector<GroupCost> costs;
+  ExecutorOptions options;
+  options.on_group_cost = [&](const GroupCost& c) {
+    std::lock_guard lock(mu);
+    costs.push_back(c);
+  };
+  Node node(World{0, 1, 1}, specs, &loopback, SparseConfig(), options,
+            [](const Status& st) { ADD_FAILURE() << st.ToString(); });
+  node.executor().Start();
+  node.Post(1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto entries = Schedule({{0, 1}, {2}, {3}}, 1);
+  for (auto& e : entries) e.plan_version = 7;
+  node.feed().Push(entries);
+  for (const auto& d : node.ReadDones(std::chrono::seconds(10))) {
+    EXPECT_EQ(d.status, SPARSYNC_OK) << d.message;
+  }
+  node.executor().Stop();
+  std::lock_guard lock(mu);
+  ASSERT_EQ(costs.size(), 2u);
+  EXPECT_EQ(costs[0].elements, 8000u);
+  EXPECT_TRUE(costs[0].sparse);
+  EXPECT_EQ(costs[0].plan_version, 7u);
+  EXPECT_GE(costs[0].sparsify_s, 0.045);
+  EXPECT_GT(costs[0].exchange_s, 0.0);
+  EXPECT_EQ(costs[1].elements, 10u);
+  EXPECT_FALSE(costs[1].sparse) << "below min_compress_bytes: dense";
+}
+
 TEST(ExecutorTest, PlanAnnouncementsAreSkipped) {
   const std::vector<TensorSpec> specs = {{"a", 1000}};
   auto hub = std::make_shared<transport::LoopbackHub>(1);

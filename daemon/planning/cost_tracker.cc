@@ -1,0 +1,53 @@
+#include "daemon/planning/cost_tracker.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+#include <vector>
+
+namespace sparsync::planning {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+void CostTracker::Add(uint64_t elements, double sparsify_s, double exchange_s) {
+  if (elements == 0 || window_ == 0) return;
+  samples_.push_back({static_cast<double>(elements), std::max(0.0, sparsify_s),
+                      std::max(0.0, exchange_s)});
+  while (samples_.size() > window_) samples_.pop_front();
+}
+
+CostModel CostTracker::Current() const {
+  CostModel m;
+  m.sparsify = Refresh(base_.sparsify, &Sample::sparsify_s);
+  m.exchange = Refresh(base_.exchange, &Sample::exchange_s);
+  return m;
+}
+
+LinearCost CostTracker::Refresh(const LinearCost& base, double Sample::*seconds) const {
+  if (samples_.size() < std::max<size_t>(1, min_samples_)) return base;
+  std::map<double, std::vector<double>> by_size;
+  for (const Sample& s : samples_) by_size[s.elements].push_back(s.*seconds);
+  std::vector<std::pair<double, double>> medians;
+  for (auto& [elements, times] : by_size) medians.emplace_back(elements, Median(std::move(times)));
+
+  const double smallest = medians.front().first, largest = medians.back().first;
+  if (largest >= 2 * smallest) return LinearCost::Fit(medians);
+
+  std::vector<double> ratios;
+  for (const Sample& s : samples_) {
+    double predicted = base.At(s.elements);
+    if (predicted > 0) ratios.push_back(s.*seconds / predicted);
+  }
+  if (ratios.empty()) return LinearCost::Fit(medians);  // nothing calibrated to scale
+  double scale = Median(std::move(ratios));
+  return {base.fixed_s * scale, base.per_element_s * scale};
+}
+
+}  // namespace sparsync::planning

@@ -1,0 +1,55 @@
+// CostTracker: the planner's cost model kept current while the job trains (ALGORITHMS.md §1,
+// issue 4 item 1). It starts from the start-up calibration (pipeline/calibration.h), which times
+// the compressor and the exchange on an idle node, and takes the costs the executor measures on
+// node 0 for every gradient group it reduces (pipeline/executor.h's GroupCost). Those include what
+// the calibration cannot see: the workers and the other daemons competing for the CPU, the copies
+// in and out of shared memory, the write-back, and the wait for the coordinator.
+//
+// How a line is refreshed from the recent samples (the last `window` groups):
+//   - samples are grouped by size and each size is represented by its median (a plan repeats the
+//     same group sizes every step, and a median ignores the odd descheduled group);
+//   - two sizes at least a factor of two apart: the α-β line is fitted through the medians;
+//   - otherwise (one group per step, or groups of one size): the calibrated line is scaled by
+//     the median ratio of measured to calibrated time, which keeps its shape;
+//   - fewer than `min_samples` samples: the calibrated line.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+
+#include "daemon/planning/cost_model.h"
+
+namespace sparsync::planning {
+
+class CostTracker {
+ public:
+  explicit CostTracker(size_t window = 256, size_t min_samples = 4)
+      : window_(window), min_samples_(min_samples) {}
+
+  // The calibrated model. Samples already taken are kept.
+  void SetBase(const CostModel& base) { base_ = base; }
+  const CostModel& base() const { return base_; }
+
+  // One group of `elements` took `sparsify_s` in stage A and `exchange_s` in stage B.
+  void Add(uint64_t elements, double sparsify_s, double exchange_s);
+  size_t samples() const { return samples_.size(); }
+
+  // The model to plan with now.
+  CostModel Current() const;
+
+ private:
+  struct Sample {
+    double elements;
+    double sparsify_s;
+    double exchange_s;
+  };
+  LinearCost Refresh(const LinearCost& base, double Sample::*seconds) const;
+
+  const size_t window_;
+  const size_t min_samples_;
+  CostModel base_;
+  std::deque<Sample> samples_;
+};
+
+}  // namespace sparsync::planning

@@ -1,0 +1,99 @@
+#include "daemon/planning/cost_tracker.h"
+
+#include <gtest/gtest.h>
+
+namespace sparsync::planning {
+namespace {
+
+CostModel Calibrated() {
+  CostModel m;
+  m.sparsify = {1e-3, 1e-9};
+  m.exchange = {2e-3, 4e-9};
+  return m;
+}
+
+TEST(CostTrackerTest, CalibrationUntilEnoughSamples) {
+  CostTracker tracker(/*window=*/16, /*min_samples=*/4);
+  tracker.SetBase(Calibrated());
+  for (int i = 0; i < 3; ++i) tracker.Add(1000, 1.0, 1.0);
+  EXPECT_EQ(tracker.Current(), Calibrated());
+  tracker.Add(1000, 1.0, 1.0);
+  EXPECT_NE(tracker.Current(), Calibrated());
+}
+
+// Several sizes: the line goes through the per-size medians, so one descheduled group (the
+// 50 ms outlier) does not move it.
+TEST(CostTrackerTest, FitsThroughMediansOfSeveralSizes) {
+  CostTracker tracker(64, 4);
+  tracker.SetBase(Calibrated());
+  // Measured: t_s = 2 ms + 10 ns/element, t_c = 5 ms + 20 ns/element.
+  for (int step = 0; step < 5; ++step) {
+    for (uint64_t x : {100'000u, 400'000u, 1'000'000u}) {
+      double ts = 2e-3 + 10e-9 * x, tc = 5e-3 + 20e-9 * x;
+      if (step == 2 && x == 400'000u) ts += 50e-3;
+      tracker.Add(x, ts, tc);
+    }
+  }
+  CostModel m = tracker.Current();
+  EXPECT_NEAR(m.sparsify.fixed_s, 2e-3, 1e-9);
+  EXPECT_NEAR(m.sparsify.per_element_s, 10e-9, 1e-14);
+  EXPECT_NEAR(m.exchange.fixed_s, 5e-3, 1e-9);
+  EXPECT_NEAR(m.exchange.per_element_s, 20e-9, 1e-14);
+}
+
+// One size per step (the single planner): the calibrated shape, scaled to what was measured.
+TEST(CostTrackerTest, ScalesTheCalibratedLineForOneSize) {
+  CostTracker tracker(64, 4);
+  tracker.SetBase(Calibrated());
+  const uint64_t x = 1'000'000;
+  for (double f : {2.9, 3.0, 3.0, 3.1, 30.0}) {
+    tracker.Add(x, f * Calibrated().SparsifyTime(x), 0.5 * Calibrated().ExchangeTime(x));
+  }
+  CostModel m = tracker.Current();
+  EXPECT_NEAR(m.sparsify.fixed_s, 3 * 1e-3, 1e-12);
+  EXPECT_NEAR(m.sparsify.per_element_s, 3 * 1e-9, 1e-18);
+  EXPECT_NEAR(m.exchange.fixed_s, 0.5 * 2e-3, 1e-12);
+  EXPECT_NEAR(m.exchange.per_element_s, 0.5 * 4e-9, 1e-18);
+}
+
+// Sizes within a factor of two are too close to fit a slope: scaled, not fitted.
+TEST(CostTrackerTest, CloseSizesScaleRatherThanFit) {
+  CostTracker tracker(64, 4);
+  tracker.SetBase(Calibrated());
+  for (uint64_t x : {1'000'000u, 1'500'000u, 1'000'000u, 1'500'000u}) {
+    tracker.Add(x, 2 * Calibrated().SparsifyTime(x), 2 * Calibrated().ExchangeTime(x));
+  }
+  CostModel m = tracker.Current();
+  EXPECT_NEAR(m.sparsify.fixed_s, 2e-3, 1e-12);
+  EXPECT_NEAR(m.exchange.per_element_s, 8e-9, 1e-18);
+}
+
+// Old samples leave the window: the model follows a job whose costs changed.
+TEST(CostTrackerTest, ForgetsSamplesOutsideTheWindow) {
+  CostTracker tracker(8, 4);
+  tracker.SetBase(Calibrated());
+  for (int i = 0; i < 8; ++i) tracker.Add(1'000'000, 1.0, 1.0);
+  for (int i = 0; i < 8; ++i) {
+    tracker.Add(1'000'000, Calibrated().SparsifyTime(1'000'000),
+                Calibrated().ExchangeTime(1'000'000));
+  }
+  EXPECT_EQ(tracker.samples(), 8u);
+  CostModel m = tracker.Current();
+  EXPECT_NEAR(m.sparsify.fixed_s, Calibrated().sparsify.fixed_s, 1e-12);
+  EXPECT_NEAR(m.exchange.per_element_s, Calibrated().exchange.per_element_s, 1e-18);
+}
+
+// Without a calibration (all zero) there is nothing to scale: a line through the origin.
+TEST(CostTrackerTest, NoCalibrationFitsTheSamples) {
+  CostTracker tracker(16, 2);
+  tracker.Add(1000, 1e-3, 2e-3);
+  tracker.Add(1000, 1e-3, 2e-3);
+  CostModel m = tracker.Current();
+  EXPECT_NEAR(m.sparsify.per_element_s, 1e-6, 1e-15);
+  EXPECT_NEAR(m.exchange.per_element_s, 2e-6, 1e-15);
+  tracker.Add(0, 5.0, 5.0);  // an empty group carries no information
+  EXPECT_EQ(tracker.samples(), 2u);
+}
+
+}  // namespace
+}  // namespace sparsync::planning
