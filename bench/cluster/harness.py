@@ -334,7 +334,8 @@ def parse_args(argv):
     p.add_argument("--modes", default=",".join(MODES), help="subset of: " + ", ".join(MODES))
     p.add_argument("--iters", type=int, default=20, help="measured iterations (default 20)")
     p.add_argument("--warmup", type=int, default=None,
-                   help="unmeasured iterations first (default --plan-warmup-steps + 2)")
+                   help="unmeasured iterations first (default 3 * --plan-warmup-steps + 2: the "
+                        "first plan, then room for the re-plans the measured costs cause)")
     p.add_argument("--plan-warmup-steps", type=int, default=5,
                    help="SPARSYNC_PLAN_WARMUP_STEPS for the daemons (default 5)")
     p.add_argument("--density", type=float, default=0.001, help="SPARSYNC_DENSITY of topk")
@@ -382,7 +383,7 @@ def parse_args(argv):
     if any(n < 2 for n in args.node_counts):
         p.error("--nodes: every cluster needs at least 2 nodes")
     if args.warmup is None:
-        args.warmup = args.plan_warmup_steps + 2
+        args.warmup = 3 * args.plan_warmup_steps + 2
     elif args.warmup < args.plan_warmup_steps + 2 and set(args.mode_list) - {"dense", "ddp"}:
         warn("--warmup %d < --plan-warmup-steps + 2: the planners' plans may not be in force "
              "in the measured iterations" % args.warmup)

@@ -214,6 +214,10 @@ void MergeScheduler::MakePlan(const std::string& why) {
           << "; predicted:";
   for (auto other : {planning::PlannerKind::kOptimal, planning::PlannerKind::kOmgs,
                      planning::PlannerKind::kLayerwise, planning::PlannerKind::kSingle}) {
+    if (other == *kind) {
+      summary << " " << planning::PlannerName(other) << " " << Ms(plan->predicted_s);
+      continue;
+    }
     auto p = planning::MakePlan(other, in);
     if (p.ok()) summary << " " << planning::PlannerName(other) << " " << Ms(p->predicted_s);
   }

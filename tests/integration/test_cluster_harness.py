@@ -112,7 +112,7 @@ def test_dry_run_prints_a_shaped_cluster_every_mode_and_the_teardown(nodes):
     assert len(ddp) == 2 * nodes and all("GLOO_SOCKET_IFNAME=spsc-v" in line for line in ddp)
     workers = [line for line in lines if "replay_worker.py" in line]
     assert len(workers) == 2 * (len(MODES) - 1) * nodes
-    assert all("--warmup 7" in line for line in workers)  # plan warm-up 5 + 2
+    assert all("--warmup 17" in line for line in workers)  # 3 * plan warm-up 5 + 2
 
 
 def test_dry_run_measures_the_bandwidth_between_namespaces():

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "daemon/transport/nccl/create_nccl_transport.h"
-#include "tests/unit/daemon/transport/nccl_memory_store.h"
+#include "tests/unit/daemon/transport/memory_store.h"
 
 namespace sparsync::transport {
 namespace {
@@ -18,7 +18,7 @@ using namespace std::chrono_literals;
 
 TEST(NcclGpuTest, WithoutNcclOrAGpuCreationFailsClearly) {
   if (NcclUsableDevices() > 0) GTEST_SKIP() << "a CUDA device is present";
-  NcclMemoryStore store;
+  MemoryStore store;
   auto t = CreateNcclTransport(0, 1, &store, 5s, /*device=*/0);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kUnavailable) << t.status().ToString();
@@ -30,7 +30,7 @@ TEST(NcclGpuTest, WithoutNcclOrAGpuCreationFailsClearly) {
 
 TEST(NcclGpuTest, ANonexistentDeviceIsRejected) {
   if (!NcclTransportBuilt() || NcclUsableDevices() == 0) GTEST_SKIP() << "no CUDA device";
-  NcclMemoryStore store;
+  MemoryStore store;
   auto t = CreateNcclTransport(0, 1, &store, 5s, /*device=*/NcclUsableDevices());
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().ToString();
@@ -39,7 +39,7 @@ TEST(NcclGpuTest, ANonexistentDeviceIsRejected) {
 TEST(NcclGpuTest, OneNodeCommunicatorRunsEveryCall) {
   if (!NcclTransportBuilt()) GTEST_SKIP() << "built without NCCL";
   if (NcclUsableDevices() == 0) GTEST_SKIP() << "no CUDA device";
-  NcclMemoryStore store;
+  MemoryStore store;
   auto created = CreateNcclTransport(0, 1, &store, 60s, /*device=*/0);
   ASSERT_TRUE(created.ok()) << created.status().ToString();
   Transport& t = **created;
@@ -87,7 +87,7 @@ TEST(NcclGpuTest, DestroyingAHealthyTransportFinalisesCleanly) {
   if (!NcclTransportBuilt()) GTEST_SKIP() << "built without NCCL";
   if (NcclUsableDevices() == 0) GTEST_SKIP() << "no CUDA device";
   for (int round = 0; round < 2; ++round) {  // a second communicator after the first is gone
-    NcclMemoryStore store;
+    MemoryStore store;
     auto created = CreateNcclTransport(0, 1, &store, 60s, /*device=*/0);
     ASSERT_TRUE(created.ok()) << created.status().ToString();
     double d = 2.5;

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "tests/unit/daemon/transport/nccl_fake_api.h"
-#include "tests/unit/daemon/transport/nccl_memory_store.h"
+#include "tests/unit/daemon/transport/memory_store.h"
 
 namespace sparsync::transport {
 namespace {
@@ -70,7 +70,7 @@ struct Cluster {
   int size() const { return static_cast<int>(nodes.size()); }
 
   std::shared_ptr<FakeNcclWorld> world;
-  NcclMemoryStore store;
+  MemoryStore store;
   std::vector<std::unique_ptr<NcclTransport>> nodes;
 };
 
@@ -550,7 +550,7 @@ INSTANTIATE_TEST_SUITE_P(Nodes, NcclTransportTest,
 
 TEST(NcclBootstrapTest, NoUniqueIdFromNodeZeroTimesOut) {
   auto world = FakeNcclWorld::Create(2);
-  NcclMemoryStore store;
+  MemoryStore store;
   NcclTransportOptions options;
   options.timeout = 200ms;
   auto t = NcclTransport::Create(world->NewApi(), 1, 2, &store, options);
@@ -562,7 +562,7 @@ TEST(NcclBootstrapTest, NoUniqueIdFromNodeZeroTimesOut) {
 
 TEST(NcclBootstrapTest, ANodeThatNeverJoinsFailsTheOthersInitialisation) {
   auto world = FakeNcclWorld::Create(3);
-  NcclMemoryStore store;
+  MemoryStore store;
   NcclTransportOptions options;
   options.timeout = 300ms;
   std::vector<Status> results(2);
@@ -582,7 +582,7 @@ TEST(NcclBootstrapTest, ANodeThatNeverJoinsFailsTheOthersInitialisation) {
 
 TEST(NcclBootstrapTest, AMalformedUniqueIdIsRejected) {
   auto world = FakeNcclWorld::Create(2);
-  NcclMemoryStore store;
+  MemoryStore store;
   ASSERT_TRUE(store.Set("nccl/unique_id", "not hex!").ok());
   NcclTransportOptions options;
   options.timeout = 1s;
@@ -594,14 +594,14 @@ TEST(NcclBootstrapTest, AMalformedUniqueIdIsRejected) {
 
 TEST(NcclBootstrapTest, ANodeOutsideTheJobIsRejected) {
   auto world = FakeNcclWorld::Create(2);
-  NcclMemoryStore store;
+  MemoryStore store;
   auto t = NcclTransport::Create(world->NewApi(), 2, 2, &store, NcclTransportOptions{});
   EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().ToString();
 }
 
 TEST(NcclBootstrapTest, EachCommunicatorUsesItsOwnStoreKey) {
   auto world = FakeNcclWorld::Create(1);
-  NcclMemoryStore store;
+  MemoryStore store;
   NcclTransportOptions options;
   options.store_key = "nccl/job7/comm2";
   auto t = NcclTransport::Create(world->NewApi(), 0, 1, &store, options);

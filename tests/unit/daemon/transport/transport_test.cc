@@ -2,49 +2,17 @@
 // in-memory rendezvous store) and the in-process loopback backend.
 #include <gtest/gtest.h>
 
-#include <condition_variable>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
 
 #include "daemon/transport/gloo/gloo_transport.h"
 #include "daemon/transport/loopback/loopback_transport.h"
+#include "tests/unit/daemon/transport/memory_store.h"
 
 namespace sparsync::transport {
 namespace {
-
-class MemoryStore : public RendezvousStore {
- public:
-  Status Set(const std::string& key, const std::string& value) override {
-    {
-      std::lock_guard lock(mu_);
-      data_[key] = value;
-    }
-    cv_.notify_all();
-    return Status::Ok();
-  }
-  Result<std::vector<std::string>> Get(const std::vector<std::string>& keys,
-                                       std::chrono::milliseconds timeout) override {
-    std::unique_lock lock(mu_);
-    bool ok = cv_.wait_for(lock, timeout, [&] {
-      for (const auto& k : keys)
-        if (!data_.count(k)) return false;
-      return true;
-    });
-    if (!ok) return DeadlineExceeded("keys missing");
-    std::vector<std::string> out;
-    for (const auto& k : keys) out.push_back(data_[k]);
-    return out;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> data_;
-};
 
 enum class Backend { kGloo, kLoopback };
 

@@ -1,5 +1,5 @@
-// An in-memory RendezvousStore for the NCCL transport's tests (the coordinator's StoreSet /
-// StoreGet without gRPC): Get waits, with a deadline, until every key exists.
+// An in-memory RendezvousStore for the transports' tests (the coordinator's StoreSet / StoreGet
+// without gRPC): Get waits, with a deadline, until every key exists.
 #pragma once
 
 #include <condition_variable>
@@ -13,7 +13,7 @@
 
 namespace sparsync::transport {
 
-class NcclMemoryStore : public RendezvousStore {
+class MemoryStore : public RendezvousStore {
  public:
   Status Set(const std::string& key, const std::string& value) override {
     {
