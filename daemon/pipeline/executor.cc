@@ -274,11 +274,14 @@ void Executor::Complete(Slot* slot) {
       }
     }
   }
-  if (options_.on_group_cost && slot->op == SPARSYNC_OP_GRADIENT) {
-    slot->cost.elements = slot->total;
-    slot->cost.sparse = slot->kind == Slot::Kind::kSparse;
-    slot->cost.exchange_s = std::max<int64_t>(0, NowNs() - exchange_begin_ns) * 1e-9;
-    options_.on_group_cost(slot->cost);
+  if (slot->op == SPARSYNC_OP_GRADIENT) {
+    GroupCost& cost = slot->cost;
+    cost.elements = slot->total;
+    cost.sparse = slot->kind == Slot::Kind::kSparse;
+    cost.exchange_s = std::max<int64_t>(0, NowNs() - exchange_begin_ns) * 1e-9;
+    spdlog::debug("group cost: {} elements ({}), t_s {:.3f} ms, t_c {:.3f} ms", cost.elements,
+                  cost.sparse ? "sparse" : "dense", cost.sparsify_s * 1e3, cost.exchange_s * 1e3);
+    if (options_.on_group_cost) options_.on_group_cost(cost);
   }
 }
 

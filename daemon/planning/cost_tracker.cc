@@ -34,8 +34,14 @@ LinearCost CostTracker::Refresh(const LinearCost& base, double Sample::*seconds)
   if (samples_.size() < std::max<size_t>(1, min_samples_)) return base;
   std::map<double, std::vector<double>> by_size;
   for (const Sample& s : samples_) by_size[s.elements].push_back(s.*seconds);
+  // Each size's median stands for all of its samples, so a size seen once (a warm-up bucket)
+  // weighs less than the groups of the plan in force.
   std::vector<std::pair<double, double>> medians;
-  for (auto& [elements, times] : by_size) medians.emplace_back(elements, Median(std::move(times)));
+  for (auto& [elements, times] : by_size) {
+    const size_t count = times.size();
+    const double median = Median(std::move(times));
+    medians.insert(medians.end(), count, {elements, median});
+  }
 
   const double smallest = medians.front().first, largest = medians.back().first;
   if (largest >= 2 * smallest) return LinearCost::Fit(medians);

@@ -7,7 +7,8 @@
 //
 // How a line is refreshed from the recent samples (the last `window` groups):
 //   - samples are grouped by size and each size is represented by its median (a plan repeats the
-//     same group sizes every step, and a median ignores the odd descheduled group);
+//     same group sizes every step, and a median ignores the odd descheduled group), weighted by
+//     how many samples it has;
 //   - two sizes at least a factor of two apart: the α-β line is fitted through the medians;
 //   - otherwise (one group per step, or groups of one size): the calibrated line is scaled by
 //     the median ratio of measured to calibrated time, which keeps its shape;

@@ -41,6 +41,22 @@ TEST(CostTrackerTest, FitsThroughMediansOfSeveralSizes) {
   EXPECT_NEAR(m.exchange.per_element_s, 20e-9, 1e-14);
 }
 
+// A size seen once (a warm-up bucket) counts once, not as much as the plan's groups seen every
+// step: through the unweighted medians this line would slope downwards.
+TEST(CostTrackerTest, ASizeSeenOnceWeighsLittle) {
+  CostTracker tracker(64, 4);
+  tracker.SetBase(Calibrated());
+  for (int step = 0; step < 10; ++step) {
+    for (uint64_t x : {100'000u, 400'000u, 1'000'000u}) {
+      tracker.Add(x, 2e-3 + 10e-9 * x, 2e-3 + 10e-9 * x);
+    }
+  }
+  tracker.Add(50'000, 30e-3, 30e-3);
+  CostModel m = tracker.Current();
+  EXPECT_NEAR(m.sparsify.fixed_s, 4.2e-3, 0.1e-3);
+  EXPECT_NEAR(m.sparsify.per_element_s, 7.3e-9, 0.1e-9);
+}
+
 // One size per step (the single planner): the calibrated shape, scaled to what was measured.
 TEST(CostTrackerTest, ScalesTheCalibratedLineForOneSize) {
   CostTracker tracker(64, 4);
