@@ -300,6 +300,13 @@ std::vector<Setting> Settings() {
         if (v == "auto" || v == "cpu") return Status::Ok();
         return Reject(st, v, "accepted values: auto, cpu");
       });
+  add("cudart", "SPARSYNC_CUDART", "",
+      "the CUDA runtime library the CUDA IPC intake loads when a worker registers a CUDA tensor "
+      "(empty: libcudart.so.13, .so.12 or .so, preferring one already loaded)",
+      [](const Setting&, const std::string& v, Config* c) {
+        c->cudart = v;
+        return Status::Ok();
+      });
   add("timeout-s", "SPARSYNC_TIMEOUT_S", "300",
       "seconds before a missing peer or tensor fails the step on every node",
       [](const Setting& st, const std::string& v, Config* c) {

@@ -55,6 +55,7 @@ struct Config {
   double stall_warn_s = 60;
   double cycle_ms = 1.0;                // negotiation batching window on the coordinator
   std::string log_level = "info";
+  std::string cudart;                   // CUDA runtime for the CUDA IPC intake; "": search
 
   // Whether residuals are kept: on by default for the biased compressors, off for Wangni's
   // unbiased one and for DGC (which accumulates in its own state).

@@ -17,6 +17,50 @@ Result<Message> Exact(const void* data, size_t size, const char* what) {
   return Message(msg);
 }
 
+bool AllZero(const uint8_t (&bytes)[SPARSYNC_CUDA_IPC_HANDLE_BYTES]) {
+  for (uint8_t b : bytes) {
+    if (b != 0) return false;
+  }
+  return true;
+}
+
+// The memory kind and, for CUDA tensors, the IPC fields (their contents are opaque here; the
+// CUDA runtime checks them when the daemon opens them).
+Status ValidateMemory(const sparsync_register_msg& r) {
+  if (r.memory >= SPARSYNC_MEMORY_COUNT) {
+    return InvalidArgument("unknown memory kind " + std::to_string(r.memory) +
+                           " (0: host shared memory, 1: CUDA)");
+  }
+  if (r.memory == SPARSYNC_MEMORY_HOST) {
+    if (r.cuda_device != 0 || r.cuda_offset != 0 || !AllZero(r.cuda_memory) ||
+        !AllZero(r.cuda_ready_event)) {
+      return InvalidArgument("a host tensor must leave the CUDA fields 0");
+    }
+    return Status::Ok();
+  }
+  if (r.op == SPARSYNC_OP_ALLGATHER) {
+    return InvalidArgument("allgather of a CUDA tensor is not supported (its result has no "
+                           "device buffer): gather through host memory");
+  }
+  if (r.cuda_device < 0 || r.cuda_device >= static_cast<int32_t>(SPARSYNC_MAX_CUDA_DEVICES)) {
+    return InvalidArgument("CUDA device " + std::to_string(r.cuda_device) + " is not in [0, " +
+                           std::to_string(SPARSYNC_MAX_CUDA_DEVICES) + ")");
+  }
+  if (r.cuda_offset > kMaxTensorBytes) {
+    return InvalidArgument("CUDA offset " + std::to_string(r.cuda_offset) +
+                           " is beyond any allocation (1 TiB)");
+  }
+  if (AllZero(r.cuda_memory)) {
+    return InvalidArgument("the CUDA memory handle is empty: export the buffer with "
+                           "cudaIpcGetMemHandle");
+  }
+  if (AllZero(r.cuda_ready_event)) {
+    return InvalidArgument("the CUDA ready-event handle is empty: export an interprocess event "
+                           "with cudaIpcGetEventHandle");
+  }
+  return Status::Ok();
+}
+
 Status ValidateRegister(const sparsync_register_msg& r) {
   if (r.tensor_id >= SPARSYNC_MAX_TENSORS_PER_WORKER) {
     return InvalidArgument("tensor id " + std::to_string(r.tensor_id) + " is not below " +
@@ -74,7 +118,7 @@ Status ValidateRegister(const sparsync_register_msg& r) {
   if (r.compressor >= SPARSYNC_COMPRESSOR_COUNT) {
     return InvalidArgument("unknown compressor " + std::to_string(r.compressor));
   }
-  if (r.reserved[0] || r.reserved[1] || r.reserved[2]) {
+  if (r.reserved[0] || r.reserved[1] || r.reserved2) {
     return InvalidArgument("reserved register fields are not 0");
   }
   if (!(r.density >= 0.0f && r.density <= 1.0f)) {  // also rejects NaN
@@ -89,7 +133,7 @@ Status ValidateRegister(const sparsync_register_msg& r) {
   if (r.op == SPARSYNC_OP_BROADCAST && r.root_rank < 0) {
     return InvalidArgument("negative broadcast root rank");
   }
-  return Status::Ok();
+  return ValidateMemory(r);
 }
 
 }  // namespace

@@ -29,22 +29,27 @@ TensorMeta MetaOf(const sparsync_register_msg& r) {
 
 Status SendDone(const WorkerPart& part, const Status& status, int result_fd,
                 uint64_t result_bytes, int64_t result_dim0) {
+  Status result = status;
+  if (status.ok() && part.cuda) result = part.cuda->CopyToDevice(part.region->data());
+  if (!result.ok() && status.ok()) spdlog::error("{}", result.message());
   sparsync_done done{};
   intake::FillHeader(&done.header, SPARSYNC_MSG_DONE, sizeof(done));
   done.tensor_id = part.tensor_id;
   done.round = part.round;
-  done.status = intake::WireStatus(status);
+  done.status = intake::WireStatus(result);
   done.result_bytes = result_bytes;
   done.result_dim0 = result_dim0;
-  if (!status.ok()) intake::CopyMessage(done.message, status.message());
+  if (!result.ok()) intake::CopyMessage(done.message, result.message());
   return part.session->Send(&done, sizeof(done), result_fd);
 }
 
-TensorTable::TensorTable(World world, std::string job_token, ReportFn report, FailFn fail)
+TensorTable::TensorTable(World world, std::string job_token, ReportFn report, FailFn fail,
+                         std::string cudart)
     : world_(world),
       job_token_(std::move(job_token)),
       report_(std::move(report)),
       fail_(std::move(fail)),
+      cuda_(std::move(cudart)),
       workers_(world.local_size) {}
 
 void TensorTable::OnHello(const std::shared_ptr<intake::WorkerSession>& session,
@@ -115,6 +120,14 @@ void TensorTable::OnRegister(const std::shared_ptr<intake::WorkerSession>& sessi
                                   std::to_string(world_.size()) + " workers"));
   }
   size_t bytes = static_cast<size_t>(meta.NumElements()) * intake::WireDTypeSize(meta.dtype);
+  // A CUDA tensor's buffer and events are opened before the lock (and, if the registration is
+  // refused, closed after it: declared before the lock, destroyed after it).
+  std::shared_ptr<intake::CudaTensor> cuda;
+  if (msg.memory == SPARSYNC_MEMORY_CUDA) {
+    auto attached = cuda_.Attach(msg, bytes, reply->cuda_done_event);
+    if (!attached.ok()) return refuse(attached.status());
+    cuda = *attached;
+  }
   Status mismatch;
   // Runs after the lock below is released (declared first, destroyed last).
   struct FailAfterUnlock {
@@ -160,6 +173,7 @@ void TensorTable::OnRegister(const std::shared_ptr<intake::WorkerSession>& sessi
   part->tensor_id = msg.tensor_id;
   part->region = *created;
   part->dim0 = meta.shape.empty() ? 1 : meta.shape[0];
+  part->cuda = cuda;
   it->second.parts[session->local_rank] = std::move(part);
   session->tensors[msg.tensor_id] = meta.name;
   *region = *created;
@@ -167,8 +181,30 @@ void TensorTable::OnRegister(const std::shared_ptr<intake::WorkerSession>& sessi
   reply->region_bytes = bytes;
 }
 
+void TensorTable::StageFromDevice(const intake::WorkerSession& session, const sparsync_ready& msg) {
+  std::shared_ptr<intake::CudaTensor> cuda;
+  std::shared_ptr<intake::SharedRegion> region;
+  {
+    std::lock_guard lock(mu_);
+    auto id = session.tensors.find(msg.tensor_id);
+    if (id == session.tensors.end() || !fatal_.ok()) return;  // OnReady answers these
+    const Tensor& t = tensors_.at(id->second);
+    const WorkerPart& part = *t.parts[session.local_rank];
+    if (!part.cuda || msg.round != part.round + 1 || t.posted[session.local_rank]) return;
+    cuda = part.cuda;
+    region = part.region;
+  }
+  Status st = cuda->CopyToHost(region->data());
+  if (st.ok()) return;
+  // This node cannot contribute the tensor: every node hears why now, not at the timeout.
+  Status error = Aborted(session.Describe(world_.node_rank) + ": " + st.message());
+  FailAll(error);
+  fail_(error);
+}
+
 Status TensorTable::OnReady(const std::shared_ptr<intake::WorkerSession>& session,
                             const sparsync_ready& msg) {
+  StageFromDevice(*session, msg);
   std::optional<ReadyNotice> notice;
   std::optional<std::pair<WorkerPart, Status>> refuse;
   {
@@ -214,6 +250,7 @@ Status TensorTable::OnReady(const std::shared_ptr<intake::WorkerSession>& sessio
 
 Status TensorTable::OnUnregister(const std::shared_ptr<intake::WorkerSession>& session,
                                  const sparsync_unregister_msg& msg) {
+  std::unique_ptr<WorkerPart> released;  // closes a CUDA buffer after the lock is released
   std::lock_guard lock(mu_);
   auto id = session->tensors.find(msg.tensor_id);
   if (id == session->tensors.end()) {
@@ -224,7 +261,7 @@ Status TensorTable::OnUnregister(const std::shared_ptr<intake::WorkerSession>& s
   if (t.posted[session->local_rank]) {
     return InvalidArgument("UNREGISTER of '" + t.meta.name + "' while it is in flight");
   }
-  t.parts[session->local_rank].reset();
+  released = std::move(t.parts[session->local_rank]);
   session->tensors.erase(id);
   EraseIfUnused(it);
   return Status::Ok();
@@ -243,6 +280,7 @@ void TensorTable::OnDisconnect(const std::shared_ptr<intake::WorkerSession>& ses
                                const Status& reason) {
   bool had_posted = false;
   bool had_tensors = !session->tensors.empty();
+  std::vector<std::unique_ptr<WorkerPart>> released;  // closed after the lock is released
   {
     std::lock_guard lock(mu_);
     for (const auto& [id, name] : session->tensors) {
@@ -250,7 +288,7 @@ void TensorTable::OnDisconnect(const std::shared_ptr<intake::WorkerSession>& ses
       if (it == tensors_.end()) continue;
       had_posted = had_posted || it->second.posted[session->local_rank];
       // Parts in flight stay alive in the executor's GroupMembers.
-      it->second.parts[session->local_rank].reset();
+      released.push_back(std::move(it->second.parts[session->local_rank]));
       EraseIfUnused(it);
     }
     session->tensors.clear();

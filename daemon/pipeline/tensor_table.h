@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/intake/cuda_staging.h"
 #include "daemon/intake/server.h"
 #include "daemon/negotiation/types.h"
 
@@ -40,8 +41,9 @@ struct WorkerPart {
   std::shared_ptr<intake::WorkerSession> session;
   uint32_t tensor_id = 0;
   uint64_t round = 0;
-  std::shared_ptr<intake::SharedRegion> region;
+  std::shared_ptr<intake::SharedRegion> region;  // the data; for a CUDA tensor its host staging
   int64_t dim0 = 0;
+  std::shared_ptr<intake::CudaTensor> cuda;  // memory CUDA: the worker's device buffer, else null
 };
 
 // A tensor of a group being executed, with its local parts in local-rank order.
@@ -58,7 +60,9 @@ class TensorTable : public intake::IntakeHandler {
   using ReportFn = std::function<void(ReadyNotice)>;
   using FailFn = std::function<void(const Status&)>;
 
-  TensorTable(World world, std::string job_token, ReportFn report, FailFn fail);
+  // `cudart`: the CUDA runtime for CUDA tensors (SPARSYNC_CUDART; empty: the default search).
+  TensorTable(World world, std::string job_token, ReportFn report, FailFn fail,
+              std::string cudart = {});
 
   // intake::IntakeHandler
   void OnHello(const std::shared_ptr<intake::WorkerSession>& session, const sparsync_hello& hello,
@@ -105,11 +109,15 @@ class TensorTable : public intake::IntakeHandler {
   Status CheckCompatible(const Tensor& t, const negotiation::TensorMeta& meta, int local_rank) const;
   void FailLocked(const Status& error, std::vector<std::pair<WorkerPart, Status>>* to_send);
   void Fail(const Status& error, bool shutting_down);
+  // READY of a CUDA tensor: copies its device buffer into the staging region. Takes the lock
+  // only to look the part up; the copy runs without it.
+  void StageFromDevice(const intake::WorkerSession& session, const sparsync_ready& msg);
 
   const World world_;
   const std::string job_token_;
   const ReportFn report_;
   const FailFn fail_;
+  intake::CudaStaging cuda_;
 
   mutable std::mutex mu_;
   std::condition_variable slot_bound_;
@@ -119,7 +127,9 @@ class TensorTable : public intake::IntakeHandler {
   Status fatal_;
 };
 
-// DONE for `part` with `status` (and, for allgather, the result description).
+// DONE for `part` with `status` (and, for allgather, the result description). For a CUDA tensor
+// and an OK status the result is first copied to the device and the done event recorded; if that
+// fails, the DONE carries the CUDA error instead.
 Status SendDone(const WorkerPart& part, const Status& status, int result_fd = -1,
                 uint64_t result_bytes = 0, int64_t result_dim0 = 0);
 

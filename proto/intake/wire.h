@@ -6,11 +6,22 @@
 // descriptor with SCM_RIGHTS next to REGISTER_REPLY (the tensor's buffer) and to DONE of an
 // allgather (the result, whose size is only known then).
 //
+// CUDA tensors (memory SPARSYNC_MEMORY_CUDA, version 3): the worker's device buffer is exported
+// with cudaIpcGetMemHandle and ordered with two interprocess CUDA events. The memfd region still
+// comes with REGISTER_REPLY: it is the daemon's host staging copy, and the worker need not map it.
+//
 // Conversation:
 //   shim -> HELLO (protocol version, job token, local rank, pid)   daemon -> HELLO_REPLY
 //   shim -> REGISTER (name, op, dtype, shape)                      daemon -> REGISTER_REPLY + fd
 //   shim writes the tensor into the mapped region, then -> READY (tensor id, round)
 //   daemon -> DONE (tensor id, round, status) once the collective result is in the region
+// CUDA tensors instead:
+//   shim -> REGISTER (..., memory CUDA, device, memory handle, offset, ready event handle)
+//   daemon opens the handles once      daemon -> REGISTER_REPLY (done event handle) + fd
+//   shim writes the device buffer, records the ready event on its stream, then -> READY
+//   daemon: its stream waits on the ready event, copies device -> staging, reduces as above,
+//   copies staging -> device, records the done event, then -> DONE; the shim's stream waits on
+//   the done event before anything reads the buffer
 //   shim -> UNREGISTER (tensor id) when the tensor is no longer used; no reply
 //   shim -> GOODBYE before closing; a connection that closes without it while the job runs is a
 //   worker failure and fails the job on every node.
@@ -29,13 +40,15 @@ extern "C" {
 #endif
 
 #define SPARSYNC_INTAKE_MAGIC 0x59535053u /* "SPSY" little-endian */
-#define SPARSYNC_INTAKE_VERSION 2u
+#define SPARSYNC_INTAKE_VERSION 3u
 #define SPARSYNC_MAX_MESSAGE_BYTES 4096u
 #define SPARSYNC_MAX_NAME_BYTES 200u
 #define SPARSYNC_MAX_DIMS 8u
 #define SPARSYNC_MAX_TOKEN_BYTES 64u
 #define SPARSYNC_MAX_ERROR_BYTES 512u
 #define SPARSYNC_MAX_TENSORS_PER_WORKER 65536u
+#define SPARSYNC_CUDA_IPC_HANDLE_BYTES 64u /* sizeof cudaIpcMemHandle_t, cudaIpcEventHandle_t */
+#define SPARSYNC_MAX_CUDA_DEVICES 1024u
 
 typedef enum sparsync_msg_type {
   SPARSYNC_MSG_HELLO = 1,
@@ -95,6 +108,14 @@ typedef enum sparsync_compressor {
   SPARSYNC_COMPRESSOR_COUNT = 9,
 } sparsync_compressor;
 
+/* Where a registered tensor's data lives. Values are part of the protocol. */
+typedef enum sparsync_memory {
+  SPARSYNC_MEMORY_HOST = 0, /* the memfd region of REGISTER_REPLY */
+  SPARSYNC_MEMORY_CUDA = 1, /* a device buffer shared with CUDA IPC; ALLREDUCE, GRADIENT and
+                               BROADCAST only (an allgather's result has no device buffer) */
+  SPARSYNC_MEMORY_COUNT = 2,
+} sparsync_memory;
+
 typedef enum sparsync_reduce_op {
   SPARSYNC_REDUCE_AVERAGE = 0,
   SPARSYNC_REDUCE_SUM = 1,
@@ -153,10 +174,19 @@ typedef struct sparsync_register_msg {
   int32_t root_rank;  /* global rank, for BROADCAST; otherwise 0 */
   uint32_t name_len;  /* 1 .. SPARSYNC_MAX_NAME_BYTES, no NUL inside */
   uint8_t compressor; /* sparsync_compressor; DEFAULT unless op is GRADIENT */
-  uint8_t reserved[3];/* must be 0 */
+  uint8_t memory;     /* sparsync_memory */
+  uint8_t reserved[2];/* must be 0 */
   float density;      /* fraction sent, in (0, 1]; 0: the daemon's SPARSYNC_DENSITY */
   int64_t shape[SPARSYNC_MAX_DIMS]; /* each >= 0; unused entries 0 */
   char name[SPARSYNC_MAX_NAME_BYTES];
+  /* memory CUDA only; all 0 for HOST. */
+  int32_t cuda_device;   /* device ordinal in the worker's numbering, < SPARSYNC_MAX_CUDA_DEVICES */
+  uint32_t reserved2;    /* must be 0 */
+  uint64_t cuda_offset;  /* bytes from the start of the exported allocation to the tensor */
+  /* cudaIpcMemHandle_t of the allocation that holds the tensor */
+  uint8_t cuda_memory[SPARSYNC_CUDA_IPC_HANDLE_BYTES];
+  /* cudaIpcEventHandle_t of an interprocess event the worker records after writing the data */
+  uint8_t cuda_ready_event[SPARSYNC_CUDA_IPC_HANDLE_BYTES];
 } sparsync_register_msg;
 
 typedef struct sparsync_register_reply {
@@ -165,6 +195,9 @@ typedef struct sparsync_register_reply {
   int32_t status;        /* on OK an fd of region_bytes travels with this message */
   uint64_t region_bytes; /* = numel * element size (at least 1 byte is mapped) */
   char message[SPARSYNC_MAX_ERROR_BYTES];
+  /* memory CUDA, status OK: cudaIpcEventHandle_t the daemon records once the result is back in
+   * the device buffer (before DONE); all 0 otherwise. */
+  uint8_t cuda_done_event[SPARSYNC_CUDA_IPC_HANDLE_BYTES];
 } sparsync_register_reply;
 
 typedef struct sparsync_ready {
@@ -201,8 +234,8 @@ typedef struct sparsync_goodbye {
 static_assert(sizeof(sparsync_msg_header) == 16, "wire layout");
 static_assert(sizeof(sparsync_hello) == 96, "wire layout");
 static_assert(sizeof(sparsync_hello_reply) == 560, "wire layout");
-static_assert(sizeof(sparsync_register_msg) == 304, "wire layout");
-static_assert(sizeof(sparsync_register_reply) == 544, "wire layout");
+static_assert(sizeof(sparsync_register_msg) == 448, "wire layout");
+static_assert(sizeof(sparsync_register_reply) == 608, "wire layout");
 static_assert(sizeof(sparsync_ready) == 40, "wire layout");
 static_assert(sizeof(sparsync_done) == 560, "wire layout");
 static_assert(sizeof(sparsync_unregister_msg) == 24, "wire layout");

@@ -6,6 +6,7 @@
 // tensor never keeps another from posting or from seeing its own DONE.
 #include "shims/client/include/sparsync/client.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "shims/client/cuda_buffer.h"
 #include "shims/client/socket_io.h"
 
 namespace sparsync::client {
@@ -79,6 +81,7 @@ struct TensorState {
   void* result = nullptr;  // ALLGATHER result of round `done`
   uint64_t result_bytes = 0;
   int64_t result_dim0 = 0;
+  std::unique_ptr<CudaBuffer> cuda;  // CUDA tensors: the exported device buffer and its events
 };
 
 struct PendingRegister {
@@ -87,6 +90,14 @@ struct PendingRegister {
   std::string message;
   void* data = nullptr;
   uint64_t bytes = 0;
+  bool map = true;  // false for CUDA tensors: the daemon's staging region is not needed here
+  uint8_t done_event[SPARSYNC_CUDA_IPC_HANDLE_BYTES] = {};
+};
+
+// The device buffer a CUDA registration exports.
+struct CudaTarget {
+  int32_t device;
+  void* data;
 };
 
 }  // namespace
@@ -98,10 +109,14 @@ class Client {
 
   sparsync_status Handshake(const char* token, uint32_t local_rank, double timeout_s);
   sparsync_status World(sparsync_world* out);
+  // `cuda` null: a host tensor in a shared region; else the device buffer to export.
   sparsync_status Register(const sparsync_tensor_spec* spec, uint32_t* id, void** data,
-                           uint64_t* bytes);
-  sparsync_status PostReady(uint32_t id);
-  sparsync_status WaitDone(uint32_t id, double timeout_s);
+                           uint64_t* bytes, const CudaTarget* cuda = nullptr);
+  // `stream` null: a host tensor; else (CUDA tensors) the stream to record the ready event on.
+  sparsync_status PostReady(uint32_t id, const intake::CudaStream* stream = nullptr);
+  // `stream` null: a host tensor; else (CUDA tensors) the stream made to wait on the done event.
+  sparsync_status WaitDone(uint32_t id, double timeout_s,
+                           const intake::CudaStream* stream = nullptr);
   sparsync_status AllgatherResult(uint32_t id, const void** data, uint64_t* bytes, int64_t* dim0);
   sparsync_status Unregister(uint32_t id);
   void Goodbye();
@@ -118,6 +133,8 @@ class Client {
     return s;
   }
   sparsync_status Broken() { return Fail(SPARSYNC_ERR_UNAVAILABLE, broken_reason_); }
+  // The tensor's memory kind must match the call: CUDA tensors go through the _cuda calls.
+  sparsync_status CheckMemory(const TensorState& t, bool cuda_call, const char* what);
   void MarkBroken(const std::string& reason);
   sparsync_status Send(const void* msg, size_t bytes);
   // Receives until `satisfied()` holds or `deadline` passes; `what` names the wait in errors.
@@ -145,7 +162,15 @@ class Client {
   std::unordered_map<uint32_t, TensorState> tensors_;
   std::unordered_map<uint32_t, PendingRegister> pending_;
   std::unordered_set<uint32_t> retired_;  // unregistered with a round possibly in flight
+  std::shared_ptr<const intake::CudaRuntime> cuda_;  // loaded at the first CUDA registration
 };
+
+sparsync_status Client::CheckMemory(const TensorState& t, bool cuda_call, const char* what) {
+  if ((t.cuda != nullptr) == cuda_call) return SPARSYNC_OK;
+  return Fail(SPARSYNC_ERR_INVALID, std::string(what) + ": tensor '" + t.name + "' is a " +
+                                        (t.cuda ? "CUDA tensor; use the _cuda variant"
+                                                : "host tensor; use the plain call"));
+}
 
 Client::~Client() {
   for (auto& [id, t] : tensors_) {
@@ -271,6 +296,11 @@ void Client::OnRegisterReply(const sparsync_register_reply& m, ReceivedFds* fds)
   }
   if (fds->size() != 1) return MarkBroken("REGISTER_REPLY without exactly one descriptor");
   int fd = fds->Take();
+  if (!p.map) {
+    CloseFd(fd);
+    memcpy(p.done_event, m.cuda_done_event, sizeof(p.done_event));
+    return;
+  }
   IoError e = MapRegion(fd, m.region_bytes, &p.data);
   CloseFd(fd);
   if (!e.ok) return MarkBroken(e.message);
@@ -381,7 +411,7 @@ bool Client::AllocateId(uint32_t* id) {
 }
 
 sparsync_status Client::Register(const sparsync_tensor_spec* spec, uint32_t* id, void** data,
-                                 uint64_t* bytes) {
+                                 uint64_t* bytes, const CudaTarget* cuda) {
   Lock lock(mu_);
   if (broken_) return Broken();
   if (spec == nullptr || spec->name == nullptr || id == nullptr || data == nullptr ||
@@ -418,6 +448,25 @@ sparsync_status Client::Register(const sparsync_tensor_spec* spec, uint32_t* id,
     m.shape[d] = spec->shape[d];
   }
   memcpy(m.name, name.data(), name_len);
+  std::unique_ptr<CudaBuffer> buffer;
+  if (cuda != nullptr) {
+    std::string error;
+    if (!cuda_) {
+      const char* path = getenv("SPARSYNC_CUDART");
+      cuda_ = intake::LoadCudaRuntime(path ? path : "", &error);
+      if (!cuda_) {
+        return Fail(SPARSYNC_ERR_UNAVAILABLE, "tensor '" + name + "' is on CUDA device " +
+                                                  std::to_string(cuda->device) +
+                                                  " but the sparsync client cannot use CUDA: " +
+                                                  error);
+      }
+    }
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < spec->ndim; ++d) numel *= static_cast<uint64_t>(spec->shape[d]);
+    buffer = CudaBuffer::Export(cuda_, cuda->device, cuda->data,
+                                numel * sparsync_dtype_size(spec->dtype), &m, &error);
+    if (!buffer) return Fail(SPARSYNC_ERR_INVALID, "tensor '" + name + "': " + error);
+  }
   if (!AllocateId(&m.tensor_id)) {
     return Fail(SPARSYNC_ERR_INVALID, "more than " +
                                           std::to_string(SPARSYNC_MAX_TENSORS_PER_WORKER) +
@@ -425,6 +474,7 @@ sparsync_status Client::Register(const sparsync_tensor_spec* spec, uint32_t* id,
   }
   const uint32_t tid = m.tensor_id;
   pending_[tid] = PendingRegister{};
+  pending_[tid].map = cuda == nullptr;
   if (sparsync_status s = Send(&m, sizeof(m)); s != SPARSYNC_OK) {
     pending_.erase(tid);
     return s;
@@ -443,18 +493,29 @@ sparsync_status Client::Register(const sparsync_tensor_spec* spec, uint32_t* id,
                                                             "' refused: " + StatusName(p.status)
                                                       : p.message);
   }
+  if (buffer) {
+    std::string error;
+    if (!buffer->OpenDone(p.done_event, &error)) {
+      sparsync_unregister_msg u{};
+      u.header = MakeHeader(SPARSYNC_MSG_UNREGISTER, sizeof(u));
+      u.tensor_id = tid;
+      (void)Send(&u, sizeof(u));
+      return Fail(SPARSYNC_ERR_INTERNAL, "tensor '" + name + "': " + error);
+    }
+  }
   TensorState& t = tensors_[tid];
   t.name = name;
   t.op = spec->op;
   t.data = p.data;
   t.bytes = p.bytes;
+  t.cuda = std::move(buffer);
   *id = tid;
   *data = p.data;
   *bytes = p.bytes;
   return SPARSYNC_OK;
 }
 
-sparsync_status Client::PostReady(uint32_t id) {
+sparsync_status Client::PostReady(uint32_t id, const intake::CudaStream* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_) return Broken();
   auto it = tensors_.find(id);
@@ -463,6 +524,13 @@ sparsync_status Client::PostReady(uint32_t id) {
                                           " is not registered");
   }
   TensorState& t = it->second;
+  if (sparsync_status s = CheckMemory(t, stream != nullptr, "post_ready"); s != SPARSYNC_OK) {
+    return s;
+  }
+  std::string error;
+  if (t.cuda && !t.cuda->RecordReady(*stream, &error)) {
+    return Fail(SPARSYNC_ERR_INTERNAL, "tensor '" + t.name + "': " + error);
+  }
   ReleaseResult(&t);  // the previous allgather result is invalid from now on
   sparsync_ready m{};
   m.header = MakeHeader(SPARSYNC_MSG_READY, sizeof(m));
@@ -476,12 +544,16 @@ sparsync_status Client::PostReady(uint32_t id) {
   return SPARSYNC_OK;
 }
 
-sparsync_status Client::WaitDone(uint32_t id, double timeout_s) {
+sparsync_status Client::WaitDone(uint32_t id, double timeout_s, const intake::CudaStream* stream) {
   Lock lock(mu_);
   auto it = tensors_.find(id);
   if (it == tensors_.end()) {
     return Fail(SPARSYNC_ERR_INVALID, "wait_done: tensor id " + std::to_string(id) +
                                           " is not registered");
+  }
+  if (sparsync_status s = CheckMemory(it->second, stream != nullptr, "wait_done");
+      s != SPARSYNC_OK) {
+    return s;
   }
   if (it->second.posted == 0) {
     return Fail(SPARSYNC_ERR_INVALID, "wait_done: tensor '" + it->second.name +
@@ -501,6 +573,10 @@ sparsync_status Client::WaitDone(uint32_t id, double timeout_s) {
     return Fail(SPARSYNC_ERR_INVALID, "tensor '" + name + "' was unregistered while waiting");
   }
   if (it->second.status != SPARSYNC_OK) return Fail(ToStatus(it->second.status), it->second.message);
+  std::string error;
+  if (it->second.cuda && !it->second.cuda->StreamWaitDone(*stream, &error)) {
+    return Fail(SPARSYNC_ERR_INTERNAL, "tensor '" + name + "': " + error);
+  }
   return SPARSYNC_OK;
 }
 
@@ -640,6 +716,30 @@ sparsync_status sparsync_register_tensor(sparsync_client* client, const sparsync
                                          uint32_t* tensor_id, void** data, uint64_t* bytes) {
   if (client == nullptr) return SPARSYNC_ERR_INVALID;
   return Guarded([&] { return client->impl.Register(spec, tensor_id, data, bytes); });
+}
+
+sparsync_status sparsync_register_cuda_tensor(sparsync_client* client,
+                                              const sparsync_tensor_spec* spec, int32_t device,
+                                              void* data, uint32_t* tensor_id) {
+  if (client == nullptr) return SPARSYNC_ERR_INVALID;
+  return Guarded([&] {
+    sparsync::client::CudaTarget target{device, data};
+    void* unused_data = nullptr;
+    uint64_t unused_bytes = 0;
+    return client->impl.Register(spec, tensor_id, &unused_data, &unused_bytes, &target);
+  });
+}
+
+sparsync_status sparsync_post_ready_cuda(sparsync_client* client, uint32_t tensor_id,
+                                         void* stream) {
+  if (client == nullptr) return SPARSYNC_ERR_INVALID;
+  return Guarded([&] { return client->impl.PostReady(tensor_id, &stream); });
+}
+
+sparsync_status sparsync_wait_done_cuda(sparsync_client* client, uint32_t tensor_id,
+                                        double timeout_s, void* stream) {
+  if (client == nullptr) return SPARSYNC_ERR_INVALID;
+  return Guarded([&] { return client->impl.WaitDone(tensor_id, timeout_s, &stream); });
 }
 
 sparsync_status sparsync_post_ready(sparsync_client* client, uint32_t tensor_id) {

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 HDR = struct.Struct("<IHHII")
-MAGIC, VERSION = 0x59535053, 2
+MAGIC, VERSION = 0x59535053, 3
 HELLO, HELLO_REPLY, REGISTER, REGISTER_REPLY, READY, DONE, UNREGISTER, GOODBYE = range(1, 9)
 OK, INVALID, UNAVAILABLE, TIMEOUT, MISMATCH, ABORTED, INTERNAL, PERMISSION = range(8)
 NP = {0: np.float32, 1: np.float64, 2: np.float16, 4: np.int32, 5: np.int64, 6: np.uint8}
@@ -111,17 +111,18 @@ class FakeDaemon:
             w.conn.send(msg(HELLO_REPLY, "iIIIIIII512s", status, 0, 1, lr, self.local_size, lr,
                             self.local_size, 0, text))
         elif mtype == REGISTER:
-            f = struct.unpack("<IBBBBiIB3xf8q200s", body)
-            tid, op, dtype, red, ndim, root, nlen = f[:7]  # f[7:9]: compressor, density
-            shape = tuple(f[9:9 + ndim])
-            name = f[17][:nlen].decode()
+            # f[7:9]: compressor, memory (host only here); f[9]: density; then the CUDA fields
+            f = struct.unpack("<IBBBBiIBB2xf8q200siIQ64s64s", body)
+            tid, op, dtype, red, ndim, root, nlen = f[:7]
+            shape = tuple(f[10:10 + ndim])
+            name = f[18][:nlen].decode()
             nbytes = int(np.prod(shape, dtype=np.int64)) * ITEM[dtype]
             fd = os.memfd_create("fake." + name)
             os.ftruncate(fd, max(nbytes, 1))
             mm = mmap.mmap(fd, max(nbytes, 1))
             w.tensors[tid] = dict(name=name, op=op, dtype=dtype, reduce=red, shape=shape,
                                   root=root, mm=mm, nbytes=nbytes)
-            reply = msg(REGISTER_REPLY, "IiQ512s", tid, OK, nbytes, b"")
+            reply = msg(REGISTER_REPLY, "IiQ512s64s", tid, OK, nbytes, b"", b"")
             socket.send_fds(w.conn, [reply], [fd])
             os.close(fd)
         elif mtype == READY:

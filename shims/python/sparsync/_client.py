@@ -25,6 +25,7 @@ STATUS_NAMES = {0: "OK", 1: "INVALID", 2: "UNAVAILABLE", 3: "TIMEOUT", 4: "MISMA
                 5: "ABORTED", 6: "INTERNAL", 7: "PERMISSION"}
 OK, ERR_TIMEOUT = 0, 3
 MAX_DIMS = 8
+MEMORY_HOST, MEMORY_CUDA = 0, 1
 
 NUMPY_DTYPES = {np.dtype(np.float32): FLOAT32, np.dtype(np.float64): FLOAT64,
                 np.dtype(np.float16): FLOAT16, np.dtype(np.int32): INT32,
@@ -76,6 +77,10 @@ def _library():
             "sparsync_allgather_result": [c.c_void_p, c.c_uint32, c.POINTER(c.c_void_p),
                                           c.POINTER(c.c_uint64), c.POINTER(c.c_int64)],
             "sparsync_unregister_tensor": [c.c_void_p, c.c_uint32],
+            "sparsync_register_cuda_tensor": [c.c_void_p, c.POINTER(_TensorSpec), c.c_int32,
+                                              c.c_void_p, c.POINTER(c.c_uint32)],
+            "sparsync_post_ready_cuda": [c.c_void_p, c.c_uint32, c.c_void_p],
+            "sparsync_wait_done_cuda": [c.c_void_p, c.c_uint32, c.c_double, c.c_void_p],
             "sparsync_last_error": [c.c_void_p],
         }
         for name, args in sig.items():
@@ -89,14 +94,20 @@ def _library():
 
 
 class Registered:
-    """A registered tensor: its id and its shared region (valid until unregistered)."""
+    """A registered tensor: its id and its shared region (valid until unregistered).
 
-    __slots__ = ("id", "name", "op", "dtype", "shape", "address", "nbytes", "spec")
+    For a CUDA tensor `device` is its CUDA device and `address` its device pointer (never to be
+    read from the host); for a host tensor `device` is None."""
 
-    def __init__(self, tid, name, op, dtype, shape, address, nbytes):
+    __slots__ = ("id", "name", "op", "dtype", "shape", "address", "nbytes", "spec", "device",
+                 "buffer")
+
+    def __init__(self, tid, name, op, dtype, shape, address, nbytes, device=None):
         self.id, self.name, self.op, self.dtype = tid, name, op, dtype
         self.shape, self.address, self.nbytes = tuple(shape), address, nbytes
+        self.device = device
         self.spec = None  # free for the caller (the torch shim keeps its cache key here)
+        self.buffer = None  # free for the caller (the torch shim keeps a CUDA tensor's buffer)
 
     @property
     def numel(self):
@@ -148,9 +159,8 @@ class Client:
         if not self._h:
             raise SparsyncError("sparsync client is closed (call init() first)")
 
-    def register(self, name, op, dtype, shape, reduce_op=REDUCE_AVERAGE, root_rank=0,
-                 compressor=0, density=0.0):
-        self._require_open()
+    @staticmethod
+    def _spec(name, op, dtype, shape, reduce_op, root_rank, compressor, density):
         shape = tuple(int(d) for d in shape)
         if len(shape) > MAX_DIMS:
             raise SparsyncError("tensor '%s' has %d dimensions; at most %d are supported"
@@ -158,6 +168,28 @@ class Client:
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         spec = _TensorSpec(name.encode(), op, dtype, reduce_op, root_rank, len(shape), dims,
                            compressor, density)
+        return spec, dims, shape
+
+    def register_cuda(self, name, op, dtype, shape, device, address, reduce_op=REDUCE_AVERAGE,
+                      root_rank=0, compressor=0, density=0.0):
+        """Registers a tensor that lives at device pointer `address` on CUDA `device`; the
+        memory must stay allocated until the tensor is unregistered."""
+        self._require_open()
+        spec, _dims, shape = self._spec(name, op, dtype, shape, reduce_op, root_rank, compressor,
+                                        density)
+        tid = ctypes.c_uint32()
+        self._check(self._lib.sparsync_register_cuda_tensor(
+            self._h, ctypes.byref(spec), int(device), ctypes.c_void_p(address),
+            ctypes.byref(tid)))
+        numel = int(np.prod(shape, dtype=np.int64))
+        return Registered(tid.value, name, op, dtype, shape, address, numel * ITEMSIZE[dtype],
+                          device=int(device))
+
+    def register(self, name, op, dtype, shape, reduce_op=REDUCE_AVERAGE, root_rank=0,
+                 compressor=0, density=0.0):
+        self._require_open()
+        spec, _dims, shape = self._spec(name, op, dtype, shape, reduce_op, root_rank, compressor,
+                                        density)
         tid, data, nbytes = ctypes.c_uint32(), ctypes.c_void_p(), ctypes.c_uint64()
         self._check(self._lib.sparsync_register_tensor(
             self._h, ctypes.byref(spec), ctypes.byref(tid), ctypes.byref(data),
@@ -169,26 +201,39 @@ class Client:
                                 % (nbytes.value, name, reg.numel * ITEMSIZE[dtype]))
         return reg
 
-    def post(self, reg):
+    def post(self, reg, stream=None):
+        """Starts the collective. CUDA tensors: the daemon reads the buffer after the work queued
+        so far on `stream` (a cudaStream_t as an int; None or 0: the legacy default stream)."""
         self._require_open()
-        self._check(self._lib.sparsync_post_ready(self._h, reg.id))
+        if reg.device is None:
+            self._check(self._lib.sparsync_post_ready(self._h, reg.id))
+        else:
+            self._check(self._lib.sparsync_post_ready_cuda(self._h, reg.id,
+                                                           ctypes.c_void_p(stream or 0)))
 
-    def try_wait(self, reg):
+    def _wait_done(self, reg, timeout_s, stream):
+        if reg.device is None:
+            return self._lib.sparsync_wait_done(self._h, reg.id, timeout_s)
+        return self._lib.sparsync_wait_done_cuda(self._h, reg.id, timeout_s,
+                                                 ctypes.c_void_p(stream or 0))
+
+    def try_wait(self, reg, stream=None):
         """True when the posted round is done (raises on its error), False while in flight."""
         self._require_open()
-        s = self._lib.sparsync_wait_done(self._h, reg.id, 0.0)
+        s = self._wait_done(reg, 0.0, stream)
         if s == ERR_TIMEOUT:
             return False
         self._check(s)
         return True
 
-    def wait(self, reg, timeout_s, limit_hint="SPARSYNC_TIMEOUT_S"):
-        """Waits for the posted round; in slices so that Ctrl-C is seen within a second."""
+    def wait(self, reg, timeout_s, limit_hint="SPARSYNC_TIMEOUT_S", stream=None):
+        """Waits for the posted round; in slices so that Ctrl-C is seen within a second.
+        CUDA tensors: work queued on `stream` afterwards sees the result."""
         self._require_open()
         deadline = None if timeout_s is None or timeout_s < 0 else time.monotonic() + timeout_s
         while True:
             left = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
-            s = self._lib.sparsync_wait_done(self._h, reg.id, left)
+            s = self._wait_done(reg, left, stream)
             if s != ERR_TIMEOUT:
                 self._check(s)
                 return

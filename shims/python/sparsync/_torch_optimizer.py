@@ -5,6 +5,10 @@ Each parameter gets a shared buffer registered with the daemon under op GRADIENT
 into the buffer and posts READY as soon as backward has produced it, so reduction overlaps the
 rest of backward. step() (or synchronize()) posts the parameters that got no gradient (zeros, so
 no node waits for them), waits for every DONE and copies the averaged gradient into p.grad.
+
+A parameter on a CUDA device gets a persistent device buffer instead, shared with the daemon
+through CUDA IPC (docs/intake.md): the copy into it, the daemon's read of it and the copy of the
+result out of it are ordered on the current CUDA stream by two interprocess events.
 """
 
 import contextlib
@@ -196,8 +200,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise SparsyncError("gradient of '%s' has dtype %s; DistributedOptimizer reduces "
                                 "float32/float64/float16/bfloat16" % (self._names[id(p)], dtype))
         compressor, density = self._sparsify.wire if self._sparsify else (0, 0.0)
-        reg = client.register("gradient." + self._names[id(p)], C.OP_GRADIENT, wire,
-                              tuple(p.shape), self._op, 0, compressor, density)
+        name = "gradient." + self._names[id(p)]
+        if p.is_cuda and p.numel() > 0:
+            # CUDA IPC intake: a persistent device buffer the daemon reads and writes in place.
+            buf = torch.empty(p.numel(), dtype=dtype, device=p.device)
+            reg = client.register_cuda(name, C.OP_GRADIENT, wire, tuple(p.shape), buf.device.index,
+                                       buf.data_ptr(), self._op, 0, compressor, density)
+            reg.buffer = buf
+        else:
+            reg = client.register(name, C.OP_GRADIENT, wire, tuple(p.shape), self._op, 0,
+                                  compressor, density)
         self._registrations[id(p)] = (wire, dtype, reg)
         return reg
 
@@ -206,12 +218,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grad = p.grad if p.grad is not None else torch.zeros_like(p)
             compressed, ctx = self._compression.compress(grad.detach())
             reg = self._registration(p, compressed.dtype)
-            buf = _hvd._buffer_view(reg, compressed.dtype)
+            buf = reg.buffer if reg.buffer is not None else _hvd._buffer_view(reg, compressed.dtype)
             if buf.numel():
-                buf.copy_(compressed.reshape(-1))
+                buf.copy_(compressed.reshape(-1))  # CUDA: queued on the current stream
                 if self._op == _hvd.Average and self.backward_passes_per_step > 1:
                     buf.mul_(1.0 / self.backward_passes_per_step)
-            _hvd._client().post(reg)
+            _hvd._client().post(reg, _cuda_stream(reg))
             self._posted[id(p)] = (p, reg, ctx, compressed.dtype)
 
     def synchronize(self):
@@ -222,9 +234,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         client = _hvd._client()
         try:
             for p, reg, ctx, sent_dtype in self._posted.values():
-                client.wait(reg, _hvd._state.timeout_s, _hvd._state.timeout_hint)
+                client.wait(reg, _hvd._state.timeout_s, _hvd._state.timeout_hint,
+                            _cuda_stream(reg))
             for p, reg, ctx, sent_dtype in self._posted.values():
-                result = _hvd._buffer_view(reg, sent_dtype).reshape(p.shape)
+                if reg.buffer is not None:  # the current stream waits for the daemon's copy
+                    result = reg.buffer.view(p.shape)
+                else:
+                    result = _hvd._buffer_view(reg, sent_dtype).reshape(p.shape)
                 result = self._compression.decompress(result, ctx)
                 if p.grad is None:
                     p.grad = result.to(dtype=p.dtype, device=p.device, copy=True)
@@ -270,6 +286,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if client is not None:
                 client.unregister(reg)
         self._registrations.clear()
+
+
+def _cuda_stream(reg):
+    """The current stream of a CUDA registration's device (as an int), None for host ones."""
+    if reg.buffer is None:
+        return None
+    return torch.cuda.current_stream(reg.buffer.device).cuda_stream
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,

@@ -71,6 +71,30 @@ sparsync_status sparsync_allgather_result(sparsync_client* client, uint32_t tens
 
 sparsync_status sparsync_unregister_tensor(sparsync_client* client, uint32_t tensor_id);
 
+/* CUDA tensors (CUDA IPC intake). The client loads the CUDA runtime at run time (it does not link
+ * it): the file named by the environment variable SPARSYNC_CUDART, else libcudart.so.13, .so.12
+ * or .so, preferring one the process has loaded already. `stream` is a cudaStream_t (NULL: the
+ * legacy default stream). The calling thread's current device is left as it was. */
+
+/* Registers `spec`'s tensor that lives at device pointer `data` on CUDA device `device`
+ * (anywhere inside a cudaMalloc'd allocation, e.g. from PyTorch's caching allocator). The daemon
+ * reads and writes that memory directly; it must stay allocated until sparsync_unregister_tensor
+ * or sparsync_close. Not for ALLGATHER. UNAVAILABLE when no CUDA runtime can be loaded. */
+sparsync_status sparsync_register_cuda_tensor(sparsync_client* client,
+                                              const sparsync_tensor_spec* spec, int32_t device,
+                                              void* data, uint32_t* tensor_id);
+
+/* sparsync_post_ready for a CUDA tensor: first records the tensor's ready event on `stream`, so
+ * the daemon reads the buffer only after the work queued on `stream` so far (which wrote it). */
+sparsync_status sparsync_post_ready_cuda(sparsync_client* client, uint32_t tensor_id,
+                                         void* stream);
+
+/* sparsync_wait_done for a CUDA tensor: on OK also makes `stream` wait for the daemon's copy of
+ * the result into the buffer, so work queued on `stream` afterwards sees the result. The host
+ * must not read the buffer before that work (or a cudaStreamSynchronize) has run. */
+sparsync_status sparsync_wait_done_cuda(sparsync_client* client, uint32_t tensor_id,
+                                        double timeout_s, void* stream);
+
 /* The message of the last failing call on this handle ("" if none). Valid until the next call. */
 const char* sparsync_last_error(sparsync_client* client);
 

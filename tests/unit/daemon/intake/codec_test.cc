@@ -27,6 +27,17 @@ sparsync_register_msg ValidRegister() {
   return r;
 }
 
+// A valid REGISTER of a CUDA tensor (the handles' contents are opaque to the codec).
+sparsync_register_msg ValidCudaRegister() {
+  sparsync_register_msg r = ValidRegister();
+  r.memory = SPARSYNC_MEMORY_CUDA;
+  r.cuda_device = 3;
+  r.cuda_offset = 4096;
+  r.cuda_memory[0] = 0x11;
+  r.cuda_ready_event[63] = 0x22;
+  return r;
+}
+
 template <typename T>
 Result<Message> DecodeStruct(const T& msg, int fds = 0) {
   return Decode(&msg, sizeof(msg), fds);
@@ -77,6 +88,12 @@ std::vector<char> RegisterWith(const std::function<void(sparsync_register_msg&)>
   return Bytes(r);
 }
 
+std::vector<char> CudaRegisterWith(const std::function<void(sparsync_register_msg&)>& edit) {
+  sparsync_register_msg r = ValidCudaRegister();
+  edit(r);
+  return Bytes(r);
+}
+
 std::vector<Malformed> Corpus() {
   return {
       {"empty", [] { return std::vector<char>{}; }, "shorter than a header"},
@@ -99,7 +116,7 @@ std::vector<Malformed> Corpus() {
          std::memcpy(b.data(), &h, sizeof(h));
          return b;
        },
-       "expected 304"},
+       "expected 448"},
       {"tensor id too big", [] { return RegisterWith([](auto& r) { r.tensor_id = 1u << 30; }); }, "tensor id"},
       {"unknown op", [] { return RegisterWith([](auto& r) { r.op = 9; }); }, "unknown op"},
       {"unknown dtype", [] { return RegisterWith([](auto& r) { r.dtype = 42; }); }, "unknown dtype"},
@@ -144,6 +161,35 @@ std::vector<Malformed> Corpus() {
        },
        "always exact"},
       {"fds attached", [] { return RegisterWith([](auto&) {}); }, "file descriptors", 1},
+      {"unknown memory kind", [] { return RegisterWith([](auto& r) { r.memory = 2; }); },
+       "unknown memory kind 2"},
+      {"reserved after memory", [] { return RegisterWith([](auto& r) { r.reserved[1] = 1; }); },
+       "reserved"},
+      {"reserved2", [] { return CudaRegisterWith([](auto& r) { r.reserved2 = 1; }); }, "reserved"},
+      {"host tensor with a device", [] { return RegisterWith([](auto& r) { r.cuda_device = 1; }); },
+       "host tensor must leave the CUDA fields 0"},
+      {"host tensor with a handle",
+       [] { return RegisterWith([](auto& r) { r.cuda_memory[5] = 1; }); },
+       "host tensor must leave the CUDA fields 0"},
+      {"host tensor with an offset",
+       [] { return RegisterWith([](auto& r) { r.cuda_offset = 8; }); },
+       "host tensor must leave the CUDA fields 0"},
+      {"negative CUDA device", [] { return CudaRegisterWith([](auto& r) { r.cuda_device = -1; }); },
+       "CUDA device -1 is not in [0, 1024)"},
+      {"CUDA device too large",
+       [] { return CudaRegisterWith([](auto& r) { r.cuda_device = 1024; }); }, "CUDA device 1024"},
+      {"CUDA allgather",
+       [] { return CudaRegisterWith([](auto& r) { r.op = SPARSYNC_OP_ALLGATHER; }); },
+       "allgather of a CUDA tensor is not supported"},
+      {"empty CUDA memory handle",
+       [] { return CudaRegisterWith([](auto& r) { r.cuda_memory[0] = 0; }); },
+       "CUDA memory handle is empty"},
+      {"empty ready event",
+       [] { return CudaRegisterWith([](auto& r) { r.cuda_ready_event[63] = 0; }); },
+       "ready-event handle is empty"},
+      {"CUDA offset beyond 1 TiB",
+       [] { return CudaRegisterWith([](auto& r) { r.cuda_offset = (1ull << 40) + 1; }); },
+       "CUDA offset"},
       {"ready round 0",
        [] {
          sparsync_ready m{};
@@ -162,6 +208,22 @@ std::vector<Malformed> Corpus() {
   };
 }
 
+// Explicit allreduce, gradients and broadcast take CUDA tensors; the fields arrive unchanged.
+TEST(CodecTest, AcceptsCudaTensorsOfInPlaceOps) {
+  for (uint8_t op : {SPARSYNC_OP_GRADIENT, SPARSYNC_OP_ALLREDUCE, SPARSYNC_OP_BROADCAST}) {
+    sparsync_register_msg r = ValidCudaRegister();
+    r.op = op;
+    auto decoded = DecodeStruct(r);
+    ASSERT_TRUE(decoded.ok()) << "op " << int{op} << ": " << decoded.status().ToString();
+    const auto& got = std::get<sparsync_register_msg>(*decoded);
+    EXPECT_EQ(got.memory, SPARSYNC_MEMORY_CUDA);
+    EXPECT_EQ(got.cuda_device, 3);
+    EXPECT_EQ(got.cuda_offset, 4096u);
+    EXPECT_EQ(std::memcmp(got.cuda_memory, r.cuda_memory, sizeof(r.cuda_memory)), 0);
+    EXPECT_EQ(std::memcmp(got.cuda_ready_event, r.cuda_ready_event, sizeof(r.cuda_ready_event)), 0);
+  }
+}
+
 TEST(CodecTest, RejectsEveryMalformedMessageWithAReason) {
   for (const Malformed& m : Corpus()) {
     std::vector<char> bytes = m.make();
@@ -177,7 +239,7 @@ TEST(CodecTest, RejectsEveryMalformedMessageWithAReason) {
 // the rest of the daemon relies on.
 TEST(CodecTest, FuzzedMessagesNeverBreakTheInvariants) {
   std::mt19937_64 rng(1234);
-  std::vector<std::vector<char>> seeds = {Bytes(ValidRegister())};
+  std::vector<std::vector<char>> seeds = {Bytes(ValidRegister()), Bytes(ValidCudaRegister())};
   sparsync_ready ready{};
   FillHeader(&ready.header, SPARSYNC_MSG_READY, sizeof(ready));
   ready.round = 3;
@@ -197,6 +259,11 @@ TEST(CodecTest, FuzzedMessagesNeverBreakTheInvariants) {
       ASSERT_LE(r->name_len, SPARSYNC_MAX_NAME_BYTES);
       ASSERT_LT(r->dtype, SPARSYNC_DTYPE_COUNT);
       ASSERT_LT(r->op, SPARSYNC_OP_COUNT);
+      ASSERT_LT(r->memory, SPARSYNC_MEMORY_COUNT);
+      if (r->memory == SPARSYNC_MEMORY_CUDA) {
+        ASSERT_GE(r->cuda_device, 0);
+        ASSERT_NE(r->op, SPARSYNC_OP_ALLGATHER);
+      }
       for (uint32_t i = 0; i < r->ndim; ++i) {
         ASSERT_GE(r->shape[i], 0);
       }

@@ -1,0 +1,152 @@
+#include "daemon/intake/cuda_staging.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+namespace sparsync::intake {
+
+struct DeviceStream {
+  std::shared_ptr<const CudaRuntime> rt;
+  int device = 0;
+  CudaStream stream = nullptr;
+
+  ~DeviceStream() {
+    if (stream != nullptr && rt->SetDevice(device) == kCudaSuccess) (void)rt->StreamDestroy(stream);
+  }
+};
+
+namespace {
+
+CudaIpcHandle HandleOf(const uint8_t (&bytes)[SPARSYNC_CUDA_IPC_HANDLE_BYTES]) {
+  static_assert(sizeof(CudaIpcHandle) == SPARSYNC_CUDA_IPC_HANDLE_BYTES);
+  CudaIpcHandle h;
+  std::memcpy(&h, bytes, sizeof(h));
+  return h;
+}
+
+Status FromCuda(const CudaRuntime& rt, CudaError error, const std::string& what) {
+  if (error == kCudaSuccess) return Status::Ok();
+  return Internal(rt.Describe(error, what));
+}
+
+}  // namespace
+
+CudaTensor::~CudaTensor() {
+  const CudaRuntime& rt = *stream_->rt;
+  // Copies queued for this tensor read or write the worker's buffer: let them finish first.
+  auto warn = [&](CudaError e, const char* what) {
+    if (e != kCudaSuccess) spdlog::warn("{}", rt.Describe(e, what + (" of '" + name_ + "'")));
+  };
+  warn(rt.SetDevice(stream_->device), "cudaSetDevice");
+  warn(rt.StreamSynchronize(stream_->stream), "cudaStreamSynchronize");
+  if (done_ != nullptr) warn(rt.EventDestroy(done_), "cudaEventDestroy (done event)");
+  if (ready_ != nullptr) warn(rt.EventDestroy(ready_), "cudaEventDestroy (ready event)");
+  if (allocation_ != nullptr) warn(rt.IpcCloseMemHandle(allocation_), "cudaIpcCloseMemHandle");
+}
+
+int CudaTensor::device() const { return stream_->device; }
+
+Status CudaTensor::Check(CudaError error, const std::string& what) const {
+  return FromCuda(
+      *stream_->rt, error,
+      what + " for tensor '" + name_ + "' on CUDA device " + std::to_string(stream_->device));
+}
+
+Status CudaTensor::CopyToHost(void* staging) {
+  const CudaRuntime& rt = *stream_->rt;
+  CudaStream s = stream_->stream;
+  SPARSYNC_RETURN_IF_ERROR(Check(rt.SetDevice(stream_->device), "cudaSetDevice"));
+  SPARSYNC_RETURN_IF_ERROR(
+      Check(rt.StreamWaitEvent(s, ready_, 0), "waiting for the worker's ready event"));
+  if (bytes_ != 0) {
+    SPARSYNC_RETURN_IF_ERROR(
+        Check(rt.MemcpyAsync(staging, data_, bytes_, kCudaMemcpyDeviceToHost, s),
+              "copying the tensor from the device"));
+  }
+  return Check(rt.StreamSynchronize(s), "copying the tensor from the device");
+}
+
+Status CudaTensor::CopyToDevice(const void* staging) {
+  const CudaRuntime& rt = *stream_->rt;
+  CudaStream s = stream_->stream;
+  SPARSYNC_RETURN_IF_ERROR(Check(rt.SetDevice(stream_->device), "cudaSetDevice"));
+  if (bytes_ != 0) {
+    SPARSYNC_RETURN_IF_ERROR(
+        Check(rt.MemcpyAsync(data_, staging, bytes_, kCudaMemcpyHostToDevice, s),
+              "copying the result to the device"));
+  }
+  return Check(rt.EventRecord(done_, s), "recording the done event");
+}
+
+Result<std::shared_ptr<DeviceStream>> CudaStaging::StreamFor(int device, const std::string& name) {
+  // REQUIRES: mu_ held.
+  if (auto live = streams_[device].lock()) return live;
+  auto ds = std::make_shared<DeviceStream>();
+  ds->rt = runtime_;
+  ds->device = device;
+  const std::string where = " for tensor '" + name + "' on CUDA device " + std::to_string(device);
+  SPARSYNC_RETURN_IF_ERROR(
+      FromCuda(*runtime_, runtime_->SetDevice(device), "cudaSetDevice" + where));
+  CudaStream stream = nullptr;
+  SPARSYNC_RETURN_IF_ERROR(
+      FromCuda(*runtime_, runtime_->StreamCreateWithFlags(&stream, kCudaStreamNonBlocking),
+               "cudaStreamCreateWithFlags" + where));
+  ds->stream = stream;
+  streams_[device] = ds;
+  return ds;
+}
+
+Result<std::shared_ptr<CudaTensor>> CudaStaging::Attach(
+    const sparsync_register_msg& msg, size_t bytes,
+    uint8_t (&done_event)[SPARSYNC_CUDA_IPC_HANDLE_BYTES]) {
+  const std::string name(msg.name, msg.name_len);
+  std::shared_ptr<DeviceStream> stream;
+  {
+    std::lock_guard lock(mu_);
+    if (!runtime_) {
+      std::string error;
+      runtime_ = LoadCudaRuntime(cudart_, &error);
+      if (!runtime_) {
+        return Unavailable("tensor '" + name + "' is on CUDA device " +
+                           std::to_string(msg.cuda_device) +
+                           " but the daemon cannot take CUDA tensors: " + error);
+      }
+      spdlog::info("CUDA IPC intake: using the CUDA runtime {}", runtime_->library);
+    }
+    SPARSYNC_ASSIGN_OR_RETURN(stream, StreamFor(msg.cuda_device, name));
+  }
+  const CudaRuntime& rt = *stream->rt;
+  // From here on the destructor releases whatever was opened if a later step fails.
+  std::shared_ptr<CudaTensor> t(new CudaTensor(stream, name, bytes));
+  SPARSYNC_RETURN_IF_ERROR(t->Check(rt.SetDevice(msg.cuda_device), "cudaSetDevice"));
+  SPARSYNC_RETURN_IF_ERROR(t->Check(rt.IpcOpenMemHandle(&t->allocation_, HandleOf(msg.cuda_memory),
+                                                        kCudaIpcMemLazyEnablePeerAccess),
+                                    "cudaIpcOpenMemHandle of the worker's buffer"));
+  if (rt.MemGetAddressRange != nullptr) {
+    // A tensor that does not fit the exported allocation would make the copies fault.
+    unsigned long long base = 0;
+    size_t size = 0;
+    if (rt.MemGetAddressRange(&base, &size, reinterpret_cast<uintptr_t>(t->allocation_)) == 0 &&
+        msg.cuda_offset + bytes > size) {
+      return InvalidArgument("tensor '" + name + "' (" + std::to_string(bytes) +
+                             " bytes at offset " + std::to_string(msg.cuda_offset) +
+                             ") does not fit the exported CUDA allocation of " +
+                             std::to_string(size) + " bytes");
+    }
+  }
+  t->data_ = static_cast<char*>(t->allocation_) + msg.cuda_offset;
+  SPARSYNC_RETURN_IF_ERROR(
+      t->Check(rt.IpcOpenEventHandle(&t->ready_, HandleOf(msg.cuda_ready_event)),
+               "cudaIpcOpenEventHandle of the worker's ready event"));
+  SPARSYNC_RETURN_IF_ERROR(
+      t->Check(rt.EventCreateWithFlags(&t->done_, kCudaEventInterprocess | kCudaEventDisableTiming),
+               "creating the done event"));
+  CudaIpcHandle handle;
+  SPARSYNC_RETURN_IF_ERROR(
+      t->Check(rt.IpcGetEventHandle(&handle, t->done_), "cudaIpcGetEventHandle of the done event"));
+  std::memcpy(done_event, &handle, sizeof(handle));
+  return t;
+}
+
+}  // namespace sparsync::intake

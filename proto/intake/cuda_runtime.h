@@ -1,0 +1,72 @@
+// CudaRuntime: the CUDA runtime functions the CUDA IPC intake needs, resolved at run time with
+// dlopen/dlsym. Shared by the daemon (daemon/intake/cuda_staging.h) and the client library
+// (shims/client/cuda_buffer.h); neither links libcudart, so a CPU-only build and a CPU-only
+// machine are unaffected, and a process that already loaded the runtime (PyTorch) shares it.
+//
+// The types below mirror cuda_runtime_api.h so that this header builds without the CUDA toolkit;
+// cuda_runtime_check.cc holds them against the real header wherever the toolkit is installed.
+// Tests load a fake runtime with the same symbols (tests/support/fake_cudart/).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace sparsync::intake {
+
+using CudaError = int;     // cudaError_t
+using CudaStream = void*;  // cudaStream_t; nullptr is the legacy default stream
+using CudaEvent = void*;   // cudaEvent_t
+struct CudaIpcHandle {     // cudaIpcMemHandle_t and cudaIpcEventHandle_t
+  char reserved[64];
+};
+
+inline constexpr CudaError kCudaSuccess = 0;
+inline constexpr unsigned kCudaEventDisableTiming = 0x02;          // cudaEventDisableTiming
+inline constexpr unsigned kCudaEventInterprocess = 0x04;           // cudaEventInterprocess
+inline constexpr unsigned kCudaIpcMemLazyEnablePeerAccess = 0x01;  // cudaIpcMemLazyEnablePeerAccess
+inline constexpr unsigned kCudaStreamNonBlocking = 0x01;           // cudaStreamNonBlocking
+inline constexpr int kCudaMemcpyHostToDevice = 1;                  // cudaMemcpyHostToDevice
+inline constexpr int kCudaMemcpyDeviceToHost = 2;                  // cudaMemcpyDeviceToHost
+inline constexpr unsigned long long kCudaEnableDefault = 0;        // cudaEnableDefault
+
+struct CudaRuntime {
+  std::string library;  // the file the functions came from, for messages
+
+  CudaError (*SetDevice)(int device);
+  CudaError (*GetDevice)(int* device);
+  CudaError (*IpcGetMemHandle)(CudaIpcHandle* handle, void* allocation_base);
+  CudaError (*IpcOpenMemHandle)(void** allocation_base, CudaIpcHandle handle, unsigned flags);
+  CudaError (*IpcCloseMemHandle)(void* allocation_base);
+  CudaError (*EventCreateWithFlags)(CudaEvent* event, unsigned flags);
+  CudaError (*EventDestroy)(CudaEvent event);
+  CudaError (*IpcGetEventHandle)(CudaIpcHandle* handle, CudaEvent event);
+  CudaError (*IpcOpenEventHandle)(CudaEvent* event, CudaIpcHandle handle);
+  CudaError (*EventRecord)(CudaEvent event, CudaStream stream);
+  CudaError (*EventSynchronize)(CudaEvent event);
+  CudaError (*StreamCreateWithFlags)(CudaStream* stream, unsigned flags);
+  CudaError (*StreamDestroy)(CudaStream stream);
+  CudaError (*StreamWaitEvent)(CudaStream stream, CudaEvent event, unsigned flags);
+  CudaError (*StreamSynchronize)(CudaStream stream);
+  CudaError (*MemcpyAsync)(void* dst, const void* src, size_t bytes, int kind, CudaStream stream);
+  const char* (*GetErrorName)(CudaError error);
+  const char* (*GetErrorString)(CudaError error);
+  // The driver's cuMemGetAddressRange (CUresult, 0 on success): the base and size of the
+  // allocation holding `ptr`. Null when the runtime cannot hand out driver entry points; only
+  // the exporting side (the client) needs it.
+  int (*MemGetAddressRange)(unsigned long long* base, size_t* size, unsigned long long ptr);
+
+  // "what: cudaErrorInvalidValue (invalid argument)".
+  std::string Describe(CudaError error, const std::string& what) const;
+};
+
+// Loads the CUDA runtime. `explicit_path` non-empty (SPARSYNC_CUDART): that file only, so a
+// wrong setting is an error rather than a silent fallback. Otherwise the first of
+// libcudart.so.13, libcudart.so.12, libcudart.so, preferring one the process has loaded already.
+// On failure returns null and sets *error to a message naming what was tried. Thread-safe; the
+// library stays loaded for the life of the process (the CUDA runtime does not support unloading).
+std::shared_ptr<const CudaRuntime> LoadCudaRuntime(const std::string& explicit_path,
+                                                   std::string* error);
+
+}  // namespace sparsync::intake

@@ -1,0 +1,82 @@
+"""The CUDA IPC intake through real daemons, with the fake CUDA runtime in the daemons and the
+workers (SPARSYNC_CUDART): "device" gradients are averaged exactly and bit-identically, and a
+missing runtime is a clear error, not a hang."""
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import WORKERS
+
+sys.path.insert(0, str(WORKERS))
+import cuda_ipc  # noqa: E402
+
+
+@pytest.fixture
+def fake_cudart(daemon):
+    """libsparsync_fake_cudart.so of the build the daemon comes from (or $SPARSYNC_FAKE_CUDART)."""
+    path = os.environ.get("SPARSYNC_FAKE_CUDART") or str(
+        Path(daemon).resolve().parents[1] / "tests" / "unit" / "libsparsync_fake_cudart.so")
+    if not Path(path).is_file():
+        pytest.skip("the fake CUDA runtime is not built: %s" % path)
+    return path
+
+
+@pytest.mark.parametrize("nodes,local_size", [(1, 2), (2, 1)])
+def test_cuda_tensors_are_averaged_exactly(job_factory, fake_cudart, nodes, local_size):
+    job = job_factory(nodes, local_size, {"SPARSYNC_CUDART": fake_cudart,
+                                          "SPARSYNC_COMPRESSOR": "none"})
+    rcs = job.run_workers("cuda_ipc.py", ["reduce"], timeout_s=90,
+                          extra={"SPARSYNC_TEST_FAKE_CUDART": fake_cudart})
+    assert rcs == [0] * job.size, "workers failed: %s\n%s" % (rcs, job.logs())
+    res = [dict(np.load(job.outdir / ("rank%d.npz" % r))) for r in range(job.size)]
+    for key in res[0]:
+        for r in range(1, job.size):
+            assert res[r][key].tobytes() == res[0][key].tobytes(), \
+                "%s differs between rank 0 and rank %d" % (key, r)
+    for name, (op, wire, npdt, shape, offset, alloc) in cuda_ipc.TENSORS.items():
+        for rnd in range(1, cuda_ipc.ROUNDS + 1):
+            inputs = [cuda_ipc.value(r, rnd, shape, npdt).astype(np.float64)
+                      for r in range(job.size)]
+            expected = (np.sum(inputs, axis=0) / job.size).astype(npdt)
+            np.testing.assert_array_equal(res[0]["%s.%d" % (name, rnd)], expected,
+                                          err_msg="%s round %d" % (name, rnd))
+            guard = res[0]["%s.%d.guard" % (name, rnd)]
+            assert (guard == cuda_ipc.GUARD).all(), "bytes around %s were written" % name
+    writes = len(cuda_ipc.TENSORS) * cuda_ipc.ROUNDS
+    for r in range(job.size):
+        # Each round the worker's stream waited on the daemon's done event, which was recorded.
+        assert int(res[r]["waits"]) == writes
+        # ... and recorded its ready event before each READY.
+        assert int(res[r]["records"]) == writes
+        assert str(res[r]["misuse"]) == "", "rank %d misused CUDA: %s" % (r, res[r]["misuse"])
+    job.assert_clean_after_stop(job.stop())
+
+
+def test_daemon_without_a_cuda_runtime_refuses_clearly(job_factory, fake_cudart):
+    job = job_factory(1, 1, {"SPARSYNC_CUDART": "/nonexistent/libcudart.so.13"})
+    rcs = job.run_workers("cuda_ipc.py", ["register"], timeout_s=60,
+                          extra={"SPARSYNC_TEST_FAKE_CUDART": fake_cudart,
+                                 "SPARSYNC_CUDART": fake_cudart})
+    assert rcs == [0], job.logs()
+    error = (job.outdir / "rank0.txt").read_text()
+    assert "tensor 'gradient.w' is on CUDA device 0 but the daemon cannot take CUDA tensors" \
+        in error, error
+    assert "/nonexistent/libcudart.so.13" in error
+    job.assert_clean_after_stop(job.stop())
+
+
+def test_worker_without_a_cuda_runtime_fails_clearly(job_factory, fake_cudart):
+    job = job_factory(1, 1, {"SPARSYNC_CUDART": fake_cudart})
+    rcs = job.run_workers("cuda_ipc.py", ["register"], timeout_s=60,
+                          extra={"SPARSYNC_TEST_FAKE_CUDART": fake_cudart,
+                                 "SPARSYNC_CUDART": "/nonexistent/libcudart.so"})
+    assert rcs == [0], job.logs()
+    error = (job.outdir / "rank0.txt").read_text()
+    assert "tensor 'gradient.w' is on CUDA device 0 but the sparsync client cannot use CUDA" \
+        in error, error
+    assert "SPARSYNC_CUDART names a file that cannot be loaded" in error
+    job.assert_clean_after_stop(job.stop())

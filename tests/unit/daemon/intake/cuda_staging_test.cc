@@ -1,0 +1,367 @@
+// The daemon's end of the CUDA IPC intake: TensorTable + CudaStaging against the fake CUDA
+// runtime (tests/support/fake_cudart), with this test playing the worker in the same process.
+#include "daemon/intake/cuda_staging.h"
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "daemon/pipeline/tensor_table.h"
+
+namespace sparsync::intake {
+namespace {
+
+using pipeline::GroupMember;
+using pipeline::TensorTable;
+
+// The fake runtime's C API, as the worker side of these tests calls it.
+struct FakeCuda {
+  int (*Malloc)(void**, size_t);
+  int (*Free)(void*);
+  int (*Memcpy)(void*, const void*, size_t, int);
+  int (*IpcGetMemHandle)(CudaIpcHandle*, void*);
+  int (*EventCreateWithFlags)(CudaEvent*, unsigned);
+  int (*EventDestroy)(CudaEvent);
+  int (*IpcGetEventHandle)(CudaIpcHandle*, CudaEvent);
+  int (*IpcOpenEventHandle)(CudaEvent*, CudaIpcHandle);
+  int (*EventRecord)(CudaEvent, CudaStream);
+  int (*Live)(const char*);
+  size_t (*Journal)(char*, size_t);
+  size_t (*Misuse)(char*, size_t);
+  uint64_t (*EventRecords)(CudaEvent);
+  uint64_t (*EventId)(CudaEvent);
+
+  static FakeCuda Load() {
+    void* lib = dlopen(SPARSYNC_FAKE_CUDART, RTLD_NOW | RTLD_LOCAL);
+    EXPECT_NE(lib, nullptr) << dlerror();
+    FakeCuda f{};
+    auto bind = [&](auto* fn, const char* name) {
+      *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(dlsym(lib, name));
+      EXPECT_NE(*fn, nullptr) << name;
+    };
+    bind(&f.Malloc, "cudaMalloc");
+    bind(&f.Free, "cudaFree");
+    bind(&f.Memcpy, "cudaMemcpy");
+    bind(&f.IpcGetMemHandle, "cudaIpcGetMemHandle");
+    bind(&f.EventCreateWithFlags, "cudaEventCreateWithFlags");
+    bind(&f.EventDestroy, "cudaEventDestroy");
+    bind(&f.IpcGetEventHandle, "cudaIpcGetEventHandle");
+    bind(&f.IpcOpenEventHandle, "cudaIpcOpenEventHandle");
+    bind(&f.EventRecord, "cudaEventRecord");
+    bind(&f.Live, "sparsync_fake_cuda_live");
+    bind(&f.Journal, "sparsync_fake_cuda_journal");
+    bind(&f.Misuse, "sparsync_fake_cuda_misuse");
+    bind(&f.EventRecords, "sparsync_fake_cuda_event_records");
+    bind(&f.EventId, "sparsync_fake_cuda_event_id");
+    return f;
+  }
+  static std::string Take(size_t (*fn)(char*, size_t)) {  // reading clears: one call
+    std::string s(1 << 16, '\0');
+    s.resize(std::min(fn(s.data(), s.size()), s.size() - 1));
+    return s;
+  }
+  std::string TakeJournal() const { return Take(Journal); }
+  std::string TakeMisuse() const { return Take(Misuse); }
+};
+
+// A tensor of `numel` floats at `offset` in a device allocation of `alloc_bytes`, exported as a
+// shim would export it; the rest of the allocation holds a guard pattern.
+struct DeviceTensor {
+  void* alloc = nullptr;
+  size_t alloc_bytes = 0;
+  size_t offset = 0;
+  size_t numel = 0;
+  CudaEvent ready = nullptr;
+  CudaEvent done = nullptr;  // the daemon's, once opened
+  sparsync_register_msg msg{};
+};
+
+constexpr unsigned char kGuard = 0xAB;
+
+class CudaStagingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fake_ = FakeCuda::Load();
+    int fds[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds), 0);
+    session_ = std::make_shared<WorkerSession>(fds[0]);
+    worker_fd_ = fds[1];
+    table_ = MakeTable(SPARSYNC_FAKE_CUDART);
+    events_before_ = fake_.Live("events");
+  }
+
+  void TearDown() override {
+    table_.reset();
+    for (DeviceTensor* t : tensors_) {
+      if (t->done) {
+        EXPECT_EQ(fake_.EventDestroy(t->done), 0);
+      }
+      EXPECT_EQ(fake_.EventDestroy(t->ready), 0);
+      EXPECT_EQ(fake_.Free(t->alloc), 0);
+    }
+    close(worker_fd_);
+    EXPECT_EQ(fake_.Live("ipc_memory"), 0) << "the daemon left CUDA IPC memory open";
+    EXPECT_EQ(fake_.Live("events"), events_before_) << "an event was leaked";
+    EXPECT_EQ(fake_.TakeMisuse(), "") << "the daemon misused the CUDA runtime";
+  }
+
+  std::unique_ptr<TensorTable> MakeTable(const std::string& cudart) {
+    auto table = std::make_unique<TensorTable>(
+        pipeline::World{0, 1, 1}, "", [this](pipeline::ReadyNotice n) { notices_.push_back(n); },
+        [this](const Status& s) { failures_.push_back(s); }, cudart);
+    sparsync_hello hello{};
+    sparsync_hello_reply reply{};
+    table->OnHello(session_, hello, &reply);
+    EXPECT_EQ(reply.status, SPARSYNC_OK);
+    return table;
+  }
+
+  // Allocates, fills (guard pattern, then values i * 0.5) and exports a tensor.
+  DeviceTensor* NewTensor(const std::string& name, size_t numel, size_t offset, size_t alloc_bytes,
+                          uint32_t id) {
+    auto* t = new DeviceTensor;
+    owned_.emplace_back(t);
+    tensors_.push_back(t);
+    t->alloc_bytes = alloc_bytes;
+    t->offset = offset;
+    t->numel = numel;
+    EXPECT_EQ(fake_.Malloc(&t->alloc, alloc_bytes), 0);
+    std::vector<unsigned char> init(alloc_bytes, kGuard);
+    for (size_t i = 0; i < numel && offset + (i + 1) * 4 <= alloc_bytes; ++i) {
+      float v = static_cast<float>(i) * 0.5f;
+      std::memcpy(init.data() + offset + i * 4, &v, 4);
+    }
+    EXPECT_EQ(fake_.Memcpy(t->alloc, init.data(), alloc_bytes, kCudaMemcpyHostToDevice), 0);
+    EXPECT_EQ(
+        fake_.EventCreateWithFlags(&t->ready, kCudaEventInterprocess | kCudaEventDisableTiming), 0);
+    sparsync_register_msg& m = t->msg;
+    FillHeader(&m.header, SPARSYNC_MSG_REGISTER, sizeof(m));
+    m.tensor_id = id;
+    m.op = SPARSYNC_OP_GRADIENT;
+    m.dtype = SPARSYNC_FLOAT32;
+    m.ndim = 1;
+    m.shape[0] = static_cast<int64_t>(numel);
+    m.name_len = static_cast<uint32_t>(name.size());
+    std::memcpy(m.name, name.data(), name.size());
+    m.memory = SPARSYNC_MEMORY_CUDA;
+    m.cuda_device = 1;
+    m.cuda_offset = offset;
+    CudaIpcHandle h;
+    EXPECT_EQ(fake_.IpcGetMemHandle(&h, t->alloc), 0);
+    std::memcpy(m.cuda_memory, &h, sizeof(h));
+    EXPECT_EQ(fake_.IpcGetEventHandle(&h, t->ready), 0);
+    std::memcpy(m.cuda_ready_event, &h, sizeof(h));
+    return t;
+  }
+
+  sparsync_register_reply Register(DeviceTensor* t, TensorTable* table = nullptr) {
+    sparsync_register_reply reply{};
+    std::shared_ptr<SharedRegion> region;
+    (table ? table : table_.get())->OnRegister(session_, t->msg, &reply, &region);
+    if (reply.status == SPARSYNC_OK) {
+      EXPECT_NE(region, nullptr);
+      CudaIpcHandle h;
+      std::memcpy(&h, reply.cuda_done_event, sizeof(h));
+      EXPECT_EQ(fake_.IpcOpenEventHandle(&t->done, h), 0);
+    } else {
+      EXPECT_EQ(region, nullptr);
+    }
+    return reply;
+  }
+
+  Status Ready(DeviceTensor* t, uint64_t round) {
+    sparsync_ready r{};
+    FillHeader(&r.header, SPARSYNC_MSG_READY, sizeof(r));
+    r.tensor_id = t->msg.tensor_id;
+    r.round = round;
+    return table_->OnReady(session_, r);
+  }
+
+  std::vector<GroupMember> Resolve(const std::string& name, uint32_t slot) {
+    table_->BindSlot(name, slot);
+    negotiation::ScheduleEntry entry;
+    entry.group.push_back({slot, {}});
+    auto members = table_->Resolve(entry, std::chrono::milliseconds(1000));
+    EXPECT_TRUE(members.ok()) << members.status().ToString();
+    return members.ok() ? *members : std::vector<GroupMember>{};
+  }
+
+  sparsync_done ReceiveDone() {
+    sparsync_done done{};
+    pollfd p{worker_fd_, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 5000), 1) << "no DONE arrived";
+    EXPECT_EQ(recv(worker_fd_, &done, sizeof(done), 0), static_cast<ssize_t>(sizeof(done)));
+    return done;
+  }
+
+  std::vector<unsigned char> DeviceBytes(const DeviceTensor* t) {
+    std::vector<unsigned char> out(t->alloc_bytes);
+    EXPECT_EQ(fake_.Memcpy(out.data(), t->alloc, t->alloc_bytes, kCudaMemcpyDeviceToHost), 0);
+    return out;
+  }
+
+  std::string Id(CudaEvent e) { return "E" + std::to_string(fake_.EventId(e)); }
+
+  FakeCuda fake_{};
+  std::shared_ptr<WorkerSession> session_;
+  int worker_fd_ = -1;
+  std::unique_ptr<TensorTable> table_;
+  std::vector<pipeline::ReadyNotice> notices_;
+  std::vector<Status> failures_;
+  std::vector<std::unique_ptr<DeviceTensor>> owned_;
+  std::vector<DeviceTensor*> tensors_;
+  int events_before_ = 0;
+};
+
+TEST_F(CudaStagingTest, DataFlowsDeviceToStagingToDeviceInOrder) {
+  DeviceTensor* t = NewTensor("fc.weight", 16, 256, 1024, 5);
+  ASSERT_EQ(Register(t).status, SPARSYNC_OK);
+  const std::vector<unsigned char> before = DeviceBytes(t);
+  for (uint64_t round = 1; round <= 2; ++round) {
+    ASSERT_EQ(fake_.EventRecord(t->ready, nullptr), 0);  // the shim wrote the buffer
+    fake_.TakeJournal();
+    ASSERT_TRUE(Ready(t, round).ok());
+    ASSERT_EQ(notices_.size(), round);
+    // The daemon's stream waited for the ready event before it copied, and the copy is complete.
+    EXPECT_EQ(fake_.TakeJournal(), "wait " + Id(t->ready) + "\nD2H 64\nsync\n");
+    std::vector<GroupMember> members = Resolve("fc.weight", 7);
+    ASSERT_EQ(members.size(), 1u);
+    ASSERT_EQ(members[0].parts.size(), 1u);
+    const pipeline::WorkerPart& part = members[0].parts[0];
+    ASSERT_NE(part.cuda, nullptr);
+    float* staging = static_cast<float*>(part.region->data());
+    for (size_t i = 0; i < 16; ++i) {
+      ASSERT_EQ(staging[i], static_cast<float>(i) * 0.5f * static_cast<float>(round)) << i;
+      staging[i] *= 2;  // the "reduced" result, doubled each round
+    }
+    ASSERT_TRUE(pipeline::SendDone(part, Status::Ok()).ok());
+    // The result went back to the device before the done event was recorded.
+    EXPECT_EQ(fake_.TakeJournal(), "H2D 64\nrecord " + Id(t->done) + "\n");
+    EXPECT_EQ(fake_.EventRecords(t->done), round);
+    sparsync_done done = ReceiveDone();
+    EXPECT_EQ(done.status, SPARSYNC_OK);
+    EXPECT_EQ(done.round, round);
+    std::vector<unsigned char> after = DeviceBytes(t);
+    for (size_t b = 0; b < after.size(); ++b) {
+      if (b >= 256 && b < 256 + 64) continue;
+      ASSERT_EQ(after[b], before[b]) << "byte " << b << " outside the tensor changed";
+    }
+    for (size_t i = 0; i < 16; ++i) {
+      float v;
+      std::memcpy(&v, after.data() + 256 + i * 4, 4);
+      ASSERT_EQ(v, static_cast<float>(i) * static_cast<float>(round)) << i;
+    }
+    table_->Finish(members);
+  }
+}
+
+TEST_F(CudaStagingTest, AnErrorDoneLeavesTheDeviceBufferAlone) {
+  DeviceTensor* t = NewTensor("w", 4, 0, 16, 1);
+  ASSERT_EQ(Register(t).status, SPARSYNC_OK);
+  ASSERT_EQ(fake_.EventRecord(t->ready, nullptr), 0);
+  ASSERT_TRUE(Ready(t, 1).ok());
+  std::vector<GroupMember> members = Resolve("w", 1);
+  ASSERT_EQ(members.size(), 1u);
+  fake_.TakeJournal();
+  ASSERT_TRUE(pipeline::SendDone(members[0].parts[0], Aborted("node 3 left")).ok());
+  EXPECT_EQ(fake_.TakeJournal(), "");
+  EXPECT_EQ(fake_.EventRecords(t->done), 0u);
+  sparsync_done done = ReceiveDone();
+  EXPECT_EQ(done.status, SPARSYNC_ERR_ABORTED);
+  EXPECT_STREQ(done.message, "node 3 left");
+}
+
+TEST_F(CudaStagingTest, UnregisterAndDisconnectCloseTheWorkersHandles) {
+  DeviceTensor* a = NewTensor("a", 8, 0, 64, 1);
+  DeviceTensor* b = NewTensor("b", 8, 64, 256, 2);
+  const int events = fake_.Live("events");
+  ASSERT_EQ(Register(a).status, SPARSYNC_OK);
+  ASSERT_EQ(Register(b).status, SPARSYNC_OK);
+  EXPECT_EQ(fake_.Live("ipc_memory"), 2);
+  // Per tensor: the daemon's copy of the ready event, its done event, and our opened done event.
+  EXPECT_EQ(fake_.Live("events"), events + 2 * 3);
+
+  sparsync_unregister_msg un{};
+  un.tensor_id = 1;
+  ASSERT_TRUE(table_->OnUnregister(session_, un).ok());
+  EXPECT_EQ(fake_.Live("ipc_memory"), 1);
+  EXPECT_EQ(fake_.Live("events"), events + 3 + 1);
+
+  table_->OnDisconnect(session_, Unavailable("the worker was killed"));
+  EXPECT_EQ(fake_.Live("ipc_memory"), 0);
+  EXPECT_EQ(fake_.Live("events"), events + 2);  // only the done events this test opened
+}
+
+TEST_F(CudaStagingTest, ATensorInFlightKeepsItsHandlesUntilTheGroupLetsGo) {
+  DeviceTensor* t = NewTensor("g", 4, 0, 16, 1);
+  ASSERT_EQ(Register(t).status, SPARSYNC_OK);
+  ASSERT_EQ(fake_.EventRecord(t->ready, nullptr), 0);
+  ASSERT_TRUE(Ready(t, 1).ok());
+  std::vector<GroupMember> members = Resolve("g", 1);
+  table_->OnDisconnect(session_, Unavailable("the worker was killed"));
+  EXPECT_EQ(fake_.Live("ipc_memory"), 1) << "closed while the executor may still copy";
+  members.clear();
+  EXPECT_EQ(fake_.Live("ipc_memory"), 0);
+}
+
+TEST_F(CudaStagingTest, WithoutARuntimeRegistrationFailsClearly) {
+  std::unique_ptr<TensorTable> table = MakeTable("/nonexistent/libcudart.so.13");
+  DeviceTensor* t = NewTensor("fc.bias", 4, 0, 16, 1);
+  sparsync_register_reply reply = Register(t, table.get());
+  EXPECT_EQ(reply.status, SPARSYNC_ERR_UNAVAILABLE);
+  std::string message = reply.message;
+  EXPECT_NE(message.find("tensor 'fc.bias' is on CUDA device 1 but the daemon cannot take CUDA "
+                         "tensors"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("/nonexistent/libcudart.so.13"), std::string::npos) << message;
+  EXPECT_NE(message.find("SPARSYNC_CUDART"), std::string::npos) << message;
+}
+
+TEST_F(CudaStagingTest, AnUnknownMemoryHandleIsRefusedWithTheCudaError) {
+  DeviceTensor* t = NewTensor("x", 4, 0, 16, 1);
+  std::memset(t->msg.cuda_memory, 0x5a, sizeof(t->msg.cuda_memory));
+  sparsync_register_reply reply = Register(t);
+  EXPECT_EQ(reply.status, SPARSYNC_ERR_INTERNAL);
+  std::string message = reply.message;
+  EXPECT_NE(message.find("cudaIpcOpenMemHandle of the worker's buffer for tensor 'x' on CUDA "
+                         "device 1: cudaErrorInvalidResourceHandle"),
+            std::string::npos)
+      << message;
+}
+
+TEST_F(CudaStagingTest, ATensorPastTheEndOfItsAllocationIsRefused) {
+  DeviceTensor* t = NewTensor("x", 16, 1024 - 32, 1024, 1);
+  sparsync_register_reply reply = Register(t);
+  EXPECT_EQ(reply.status, SPARSYNC_ERR_INVALID);
+  EXPECT_NE(std::string(reply.message).find("does not fit the exported CUDA allocation of 1024"),
+            std::string::npos)
+      << reply.message;
+  EXPECT_EQ(fake_.Live("ipc_memory"), 0);
+}
+
+TEST_F(CudaStagingTest, ACudaErrorAtReadyFailsTheJobWithTheCudaMessage) {
+  DeviceTensor* t = NewTensor("conv1.weight", 4, 0, 16, 1);
+  ASSERT_EQ(Register(t).status, SPARSYNC_OK);
+  // The shim never recorded its ready event: the fake refuses the wait (CUDA would race).
+  ASSERT_TRUE(Ready(t, 1).ok());
+  EXPECT_TRUE(notices_.empty());
+  ASSERT_EQ(failures_.size(), 1u);
+  const std::string& why = failures_[0].message();
+  EXPECT_NE(why.find("waiting for the worker's ready event for tensor 'conv1.weight' on CUDA "
+                     "device 1: cudaErrorInvalidResourceHandle"),
+            std::string::npos)
+      << why;
+  sparsync_done done = ReceiveDone();
+  EXPECT_EQ(done.status, SPARSYNC_ERR_ABORTED);
+  EXPECT_NE(std::string(done.message).find("cudaErrorInvalidResourceHandle"), std::string::npos);
+  EXPECT_NE(fake_.TakeMisuse().find("never recorded"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sparsync::intake
