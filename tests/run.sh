@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): installs the dependencies, builds with warnings as errors,
 # runs every GoogleTest suite (ctest), the daemon and kernel suites again under AddressSanitizer
-# and UBSan, and the multi-process pytest suite with real daemons.
+# and UBSan, the suites of the multi-threaded parts (executor stages, tensor table, coordinator,
+# NCCL transport, CUDA staging) under ThreadSanitizer, and the multi-process pytest suite with
+# real daemons.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -20,6 +22,13 @@ cmake -S . -B build-asan -G Ninja -DSPARSYNC_SANITIZE=ON -DSPARSYNC_BUILD_BENCH=
 cmake --build build-asan --target daemon_test kernels_test
 UBSAN_OPTIONS=halt_on_error=1 build-asan/tests/unit/daemon_test --gtest_brief=1
 UBSAN_OPTIONS=halt_on_error=1 build-asan/kernels/kernels_test --gtest_brief=1
+
+echo "== GoogleTest under ThreadSanitizer"
+cmake -S . -B build-tsan -G Ninja -DSPARSYNC_TSAN=ON -DSPARSYNC_BUILD_BENCH=OFF -DSPARSYNC_WERROR=ON
+cmake --build build-tsan --target daemon_test nccl_transport_test cuda_staging_test
+for t in daemon_test nccl_transport_test cuda_staging_test; do
+  TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/unit/$t --gtest_brief=1
+done
 
 echo "== pytest (multi-process, real daemons)"
 .venv/bin/python -m pytest tests/integration -q

@@ -20,7 +20,8 @@ inline constexpr uint32_t kInfBits = 0x7F800000u;
 
 // The streaming passes are compiled twice on x86-64 with GCC (baseline SSE2 and AVX2) and the
 // better one is picked at load time; both give bit-identical results (same per-lane order, no FMA).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: the load-time resolvers run before its runtime is up and crash.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define SPARSYNC_KERNELS_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define SPARSYNC_KERNELS_VECTOR_CLONES
