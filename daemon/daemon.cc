@@ -112,7 +112,9 @@ Status Daemon::Start() {
       [this](pipeline::ReadyNotice n) {
         agent_->Report({std::move(n.meta), n.slot, std::move(n.worker_dim0), n.ready_ns});
       },
-      [this](const Status& error) { agent_->Fail(error); }, config_.cudart);
+      [this](const Status& error) { agent_->Fail(error); },
+      pipeline::CudaOptions{config_.cudart, config_.local_nccl, config_.libnccl});
+  SPARSYNC_RETURN_IF_ERROR(table_->LoadExplicitLibraries());
   agent_ = std::make_unique<negotiation::NodeAgent>(
       link_, config_.node_rank, /*direct=*/core_ != nullptr,
       [this](const std::string& name, uint32_t slot) { table_->BindSlot(name, slot); },

@@ -307,6 +307,21 @@ std::vector<Setting> Settings() {
         c->cudart = v;
         return Status::Ok();
       });
+  add("local-reduce", "SPARSYNC_LOCAL_REDUCE", "auto",
+      "how a node sums its workers' CUDA tensors: auto (with NCCL on the GPUs when each worker "
+      "has a GPU of its own and NCCL loads, else on the host) or host",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v != "auto" && v != "host") return Reject(st, v, "accepted values: auto, host");
+        c->local_nccl = v == "auto";
+        return Status::Ok();
+      });
+  add("libnccl", "SPARSYNC_LIBNCCL", "",
+      "the NCCL library the local reduce across GPUs loads (empty: libnccl.so.2; a file named "
+      "here must load, or the daemon does not start)",
+      [](const Setting&, const std::string& v, Config* c) {
+        c->libnccl = v;
+        return Status::Ok();
+      });
   add("timeout-s", "SPARSYNC_TIMEOUT_S", "300",
       "seconds before a missing peer or tensor fails the step on every node",
       [](const Setting& st, const std::string& v, Config* c) {

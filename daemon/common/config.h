@@ -56,6 +56,8 @@ struct Config {
   double cycle_ms = 1.0;                // negotiation batching window on the coordinator
   std::string log_level = "info";
   std::string cudart;                   // CUDA runtime for the CUDA IPC intake; "": search
+  bool local_nccl = true;               // SPARSYNC_LOCAL_REDUCE=auto: NCCL across the node's GPUs
+  std::string libnccl;                  // NCCL for the local reduce; "": libnccl.so.2
 
   // Whether residuals are kept: on by default for the biased compressors, off for Wangni's
   // unbiased one and for DGC (which accumulates in its own state).

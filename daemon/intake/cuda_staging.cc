@@ -40,6 +40,7 @@ CudaTensor::~CudaTensor() {
   };
   warn(rt.SetDevice(stream_->device), "cudaSetDevice");
   warn(rt.StreamSynchronize(stream_->stream), "cudaStreamSynchronize");
+  if (pinned_) warn(rt.HostUnregister(staging_->data()), "cudaHostUnregister of the staging");
   if (done_ != nullptr) warn(rt.EventDestroy(done_), "cudaEventDestroy (done event)");
   if (ready_ != nullptr) warn(rt.EventDestroy(ready_), "cudaEventDestroy (ready event)");
   if (allocation_ != nullptr) warn(rt.IpcCloseMemHandle(allocation_), "cudaIpcCloseMemHandle");
@@ -47,33 +48,51 @@ CudaTensor::~CudaTensor() {
 
 int CudaTensor::device() const { return stream_->device; }
 
+CudaStream CudaTensor::stream() const { return stream_->stream; }
+
+const CudaRuntime& CudaTensor::rt() const { return *stream_->rt; }
+
 Status CudaTensor::Check(CudaError error, const std::string& what) const {
   return FromCuda(
       *stream_->rt, error,
       what + " for tensor '" + name_ + "' on CUDA device " + std::to_string(stream_->device));
 }
 
-Status CudaTensor::CopyToHost(void* staging) {
+Status CudaTensor::EnqueueCopyToHost() {
   const CudaRuntime& rt = *stream_->rt;
   CudaStream s = stream_->stream;
   SPARSYNC_RETURN_IF_ERROR(Check(rt.SetDevice(stream_->device), "cudaSetDevice"));
   SPARSYNC_RETURN_IF_ERROR(
       Check(rt.StreamWaitEvent(s, ready_, 0), "waiting for the worker's ready event"));
-  if (bytes_ != 0) {
-    SPARSYNC_RETURN_IF_ERROR(
-        Check(rt.MemcpyAsync(staging, data_, bytes_, kCudaMemcpyDeviceToHost, s),
-              "copying the tensor from the device"));
-  }
-  return Check(rt.StreamSynchronize(s), "copying the tensor from the device");
+  return EnqueueDeviceToHost();
 }
 
-Status CudaTensor::CopyToDevice(const void* staging) {
+Status CudaTensor::EnqueueDeviceToHost() {
+  // REQUIRES: the current device is device().
+  if (bytes_ == 0) return Status::Ok();
+  return Check(rt().MemcpyAsync(staging_->data(), data_, bytes_, kCudaMemcpyDeviceToHost,
+                                stream_->stream),
+               "copying the tensor from the device");
+}
+
+Status CudaTensor::Synchronize() {
+  const CudaRuntime& rt = *stream_->rt;
+  SPARSYNC_RETURN_IF_ERROR(Check(rt.SetDevice(stream_->device), "cudaSetDevice"));
+  return Check(rt.StreamSynchronize(stream_->stream), "copying the tensor from the device");
+}
+
+Status CudaTensor::CopyToHost() {
+  SPARSYNC_RETURN_IF_ERROR(EnqueueCopyToHost());
+  return Synchronize();
+}
+
+Status CudaTensor::CopyToDevice() {
   const CudaRuntime& rt = *stream_->rt;
   CudaStream s = stream_->stream;
   SPARSYNC_RETURN_IF_ERROR(Check(rt.SetDevice(stream_->device), "cudaSetDevice"));
   if (bytes_ != 0) {
     SPARSYNC_RETURN_IF_ERROR(
-        Check(rt.MemcpyAsync(data_, staging, bytes_, kCudaMemcpyHostToDevice, s),
+        Check(rt.MemcpyAsync(data_, staging_->data(), bytes_, kCudaMemcpyHostToDevice, s),
               "copying the result to the device"));
   }
   return Check(rt.EventRecord(done_, s), "recording the done event");
@@ -98,7 +117,7 @@ Result<std::shared_ptr<DeviceStream>> CudaStaging::StreamFor(int device, const s
 }
 
 Result<std::shared_ptr<CudaTensor>> CudaStaging::Attach(
-    const sparsync_register_msg& msg, size_t bytes,
+    const sparsync_register_msg& msg, std::shared_ptr<SharedRegion> staging, size_t bytes,
     uint8_t (&done_event)[SPARSYNC_CUDA_IPC_HANDLE_BYTES]) {
   const std::string name(msg.name, msg.name_len);
   std::shared_ptr<DeviceStream> stream;
@@ -118,7 +137,7 @@ Result<std::shared_ptr<CudaTensor>> CudaStaging::Attach(
   }
   const CudaRuntime& rt = *stream->rt;
   // From here on the destructor releases whatever was opened if a later step fails.
-  std::shared_ptr<CudaTensor> t(new CudaTensor(stream, name, bytes));
+  std::shared_ptr<CudaTensor> t(new CudaTensor(stream, name, std::move(staging), bytes));
   SPARSYNC_RETURN_IF_ERROR(t->Check(rt.SetDevice(msg.cuda_device), "cudaSetDevice"));
   SPARSYNC_RETURN_IF_ERROR(t->Check(rt.IpcOpenMemHandle(&t->allocation_, HandleOf(msg.cuda_memory),
                                                         kCudaIpcMemLazyEnablePeerAccess),
@@ -146,7 +165,53 @@ Result<std::shared_ptr<CudaTensor>> CudaStaging::Attach(
   SPARSYNC_RETURN_IF_ERROR(
       t->Check(rt.IpcGetEventHandle(&handle, t->done_), "cudaIpcGetEventHandle of the done event"));
   std::memcpy(done_event, &handle, sizeof(handle));
+  if (bytes != 0) {
+    // Page-locked staging makes the copies asynchronous and about twice as fast. Without it
+    // (the memlock limit, say) they still work, from pageable memory.
+    CudaError pin = rt.HostRegister(t->staging_->data(), bytes, kCudaHostRegisterPortable);
+    t->pinned_ = pin == kCudaSuccess;
+    std::lock_guard lock(mu_);
+    if (!t->pinned_ && !warned_unpinned_) {
+      warned_unpinned_ = true;
+      spdlog::warn("{}; CUDA tensors are staged through pageable memory, which is slower",
+                   rt.Describe(pin, "cannot page-lock the staging of tensor '" + name + "'"));
+    }
+  }
   return t;
+}
+
+StagingThread::~StagingThread() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    jobs_.clear();
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void StagingThread::Post(std::function<void()> job) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    jobs_.push_back(std::move(job));
+    if (!thread_.joinable()) {
+      thread_ = std::thread([this] {
+        std::unique_lock lock(mu_);
+        while (true) {
+          wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+          if (stopping_) return;
+          std::function<void()> next = std::move(jobs_.front());
+          jobs_.pop_front();
+          lock.unlock();
+          next();
+          next = nullptr;  // what the job holds goes before the lock is taken again
+          lock.lock();
+        }
+      });
+    }
+  }
+  wake_.notify_one();
 }
 
 }  // namespace sparsync::intake

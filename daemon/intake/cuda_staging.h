@@ -1,24 +1,32 @@
 // The daemon's end of the CUDA IPC intake (proto/intake/wire.h, memory CUDA).
 //
 // A worker's CUDA tensor stays in the worker's device buffer; the daemon opens that buffer and
-// the worker's "ready" event once, at REGISTER, and stages the bytes through the tensor's memfd
-// region so that the rest of the pipeline is the host pipeline:
-//   READY: the daemon's stream for the device waits on the ready event, copies device -> staging
-//          and is synchronised (CudaTensor::CopyToHost);
-//   DONE:  staging -> device on the same stream, then the "done" event is recorded on it; the
+// the worker's "ready" event once, at REGISTER, together with the tensor's memfd region, which it
+// page-locks (cudaHostRegister) and uses as the tensor's host staging:
+//   ready: the daemon's stream for the device waits on the ready event and copies device ->
+//          staging (CudaTensor::CopyToHost), on the staging thread (StagingThread), not on the
+//          intake thread; with several GPUs in the node the tensors are first summed on the
+//          devices (local_nccl.h) and only the sum is copied;
+//   done:  staging -> device on the same stream, then the "done" event is recorded on it; the
 //          worker's stream waits on that event (CudaTensor::CopyToDevice).
-// TODO(issue 5): reduce on the device (NCCL within the node, GPU sparsifiers) instead of staging
-// through host memory; this needs the executor to take device buffers.
+// TODO(issue 5): reduce on the device (GPU sparsifiers, NCCL between nodes on device pointers)
+// instead of staging the node's sum through host memory; this needs the executor to take device
+// buffers.
 //
-// The one file of the daemon where CUDA runtime errors become Status values.
+// With local_nccl.cc, the files of the daemon where CUDA runtime errors become Status values.
 #pragma once
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "daemon/common/status.h"
+#include "daemon/intake/shared_region.h"
 #include "proto/intake/cuda_runtime.h"
 #include "proto/intake/wire.h"
 
@@ -27,8 +35,9 @@ namespace sparsync::intake {
 // One stream per device, shared by every tensor on it.
 struct DeviceStream;
 
-// A worker's CUDA tensor as the daemon sees it. Destruction waits for the copies queued for it
-// and closes the worker's buffer and events; holders keep it alive while a copy may be queued.
+// A worker's CUDA tensor as the daemon sees it, with its host staging (the tensor's memfd
+// region). Destruction waits for the copies queued for it, unpins the staging and closes the
+// worker's buffer and events; holders keep it alive while a copy may be queued.
 // Thread-safety: CopyToHost and CopyToDevice may run on different threads, never at once for
 // one tensor (the intake protocol has one round in flight per tensor).
 class CudaTensor {
@@ -37,26 +46,43 @@ class CudaTensor {
   CudaTensor(const CudaTensor&) = delete;
   CudaTensor& operator=(const CudaTensor&) = delete;
 
-  // Waits (on the device stream) for the worker's ready event, then copies the tensor into
-  // `staging` (bytes() bytes). Blocks until the bytes are there.
-  [[nodiscard]] Status CopyToHost(void* staging);
-  // Copies bytes() bytes of `staging` into the worker's buffer and records the done event after
-  // the copy. Does not wait for the copy; `staging` must stay unchanged until the worker posts
-  // the next round (which it does only after waiting on the done event).
-  [[nodiscard]] Status CopyToDevice(const void* staging);
+  // Waits (on the device stream) for the worker's ready event, then copies the tensor into the
+  // staging. Blocks until the bytes are there.
+  [[nodiscard]] Status CopyToHost();
+  // CopyToHost in two halves, so that the copies of tensors on different devices overlap:
+  // queues the wait and the copy; Synchronize waits for them.
+  [[nodiscard]] Status EnqueueCopyToHost();
+  [[nodiscard]] Status Synchronize();
+  // Copies the staging into the worker's buffer and records the done event after the copy.
+  // Does not wait for the copy; the staging must stay unchanged until the worker posts the next
+  // round (which it does only after waiting on the done event).
+  [[nodiscard]] Status CopyToDevice();
 
   int device() const;
   size_t bytes() const { return bytes_; }
+  const std::string& name() const { return name_; }
+  bool pinned() const { return pinned_; }
 
  private:
   friend class CudaStaging;
-  CudaTensor(std::shared_ptr<DeviceStream> stream, std::string name, size_t bytes)
-      : stream_(std::move(stream)), name_(std::move(name)), bytes_(bytes) {}
+  friend class DeviceClique;
+  CudaTensor(std::shared_ptr<DeviceStream> stream, std::string name,
+             std::shared_ptr<SharedRegion> staging, size_t bytes)
+      : stream_(std::move(stream)),
+        name_(std::move(name)),
+        staging_(std::move(staging)),
+        bytes_(bytes) {}
   Status Check(CudaError error, const std::string& what) const;
+  CudaStream stream() const;
+  const CudaRuntime& rt() const;
+  // The copy to the staging alone, queued on the stream.
+  Status EnqueueDeviceToHost();
 
   std::shared_ptr<DeviceStream> stream_;
   const std::string name_;
+  const std::shared_ptr<SharedRegion> staging_;
   const size_t bytes_;
+  bool pinned_ = false;         // staging_ is page-locked (cudaHostRegister)
   void* allocation_ = nullptr;  // the worker's allocation, opened with cudaIpcOpenMemHandle
   char* data_ = nullptr;        // allocation_ + the tensor's offset
   CudaEvent ready_ = nullptr;   // the worker's, opened with cudaIpcOpenEventHandle
@@ -69,10 +95,12 @@ class CudaStaging {
   // `cudart`: SPARSYNC_CUDART (empty: the default search of LoadCudaRuntime).
   explicit CudaStaging(std::string cudart) : cudart_(std::move(cudart)) {}
 
-  // For a validated REGISTER with memory CUDA of a tensor of `bytes` bytes: opens the worker's
-  // buffer and ready event, creates the done event and writes its handle to `done_event`.
+  // For a validated REGISTER with memory CUDA of a tensor of `bytes` bytes staged in `staging`:
+  // opens the worker's buffer and ready event, pins the staging (if that fails the staging stays
+  // pageable, with a warning), creates the done event and writes its handle to `done_event`.
   // Errors name the tensor and the CUDA call; a missing runtime says so.
-  Result<std::shared_ptr<CudaTensor>> Attach(const sparsync_register_msg& msg, size_t bytes,
+  Result<std::shared_ptr<CudaTensor>> Attach(const sparsync_register_msg& msg,
+                                             std::shared_ptr<SharedRegion> staging, size_t bytes,
                                              uint8_t (&done_event)[SPARSYNC_CUDA_IPC_HANDLE_BYTES]);
 
  private:
@@ -82,6 +110,27 @@ class CudaStaging {
   std::mutex mu_;
   std::shared_ptr<const CudaRuntime> runtime_;
   std::map<int, std::weak_ptr<DeviceStream>> streams_;
+  bool warned_unpinned_ = false;
+};
+
+// Runs jobs (the CUDA tensors' staging) one at a time in the order posted, on a thread of its
+// own started by the first Post, so that no copy holds up the intake thread. Destruction finishes
+// the running job and drops the queued ones (the daemon has failed them by then).
+class StagingThread {
+ public:
+  StagingThread() = default;
+  ~StagingThread();
+  StagingThread(const StagingThread&) = delete;
+  StagingThread& operator=(const StagingThread&) = delete;
+
+  void Post(std::function<void()> job);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::thread thread_;
 };
 
 }  // namespace sparsync::intake

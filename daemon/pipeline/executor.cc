@@ -205,9 +205,12 @@ Status Executor::PrepareReduce(Slot* slot) {
   std::vector<const void*> inputs(world_.local_size);
   size_t offset = 0;
   for (const GroupMember& m : members) {
-    for (int r = 0; r < world_.local_size; ++r) inputs[r] = m.parts[r].region->data();
+    // Parts summed on the node's GPUs arrive as one input.
+    const size_t num_inputs = m.num_inputs();
+    for (size_t r = 0; r < num_inputs; ++r) inputs[r] = m.parts[r].region->data();
     size_t count = static_cast<size_t>(m.meta.NumElements());
-    SumInto(slot->fusion.data() + offset * acc_size, inputs, count, dtype);
+    SumInto(slot->fusion.data() + offset * acc_size,
+            std::span<const void* const>(inputs.data(), num_inputs), count, dtype);
     offset += count;
   }
   if (!sparse) {
@@ -264,14 +267,14 @@ void Executor::Complete(Slot* slot) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - slot->started)
           .count());
   for (const GroupMember* m : table_->Finish(members)) {
+    if (slot->op != SPARSYNC_OP_ALLGATHER) {
+      DeliverResult(*m);
+      continue;
+    }
+    int64_t dim0 = 0;
+    for (int64_t d : m->scheduled.worker_dim0) dim0 += d;
     for (const WorkerPart& part : m->parts) {
-      if (slot->op == SPARSYNC_OP_ALLGATHER) {
-        int64_t dim0 = 0;
-        for (int64_t d : m->scheduled.worker_dim0) dim0 += d;
-        (void)SendDone(part, Status::Ok(), gathered.front()->fd(), gathered.front()->size(), dim0);
-      } else {
-        (void)SendDone(part, Status::Ok());
-      }
+      (void)SendDone(part, Status::Ok(), gathered.front()->fd(), gathered.front()->size(), dim0);
     }
   }
   if (slot->op == SPARSYNC_OP_GRADIENT) {
@@ -309,9 +312,9 @@ Status Executor::ExchangeReduce(Slot* slot) {
   size_t offset = 0;
   for (const GroupMember& m : slot->members) {
     size_t count = static_cast<size_t>(m.meta.NumElements());
-    for (const WorkerPart& part : m.parts) {
-      WriteBack(slot->fusion.data() + offset * acc_size, count, write_divisor, part.region->data(),
-                dtype);
+    for (size_t r = 0; r < m.num_inputs(); ++r) {
+      WriteBack(slot->fusion.data() + offset * acc_size, count, write_divisor,
+                m.parts[r].region->data(), dtype);
     }
     offset += count;
   }

@@ -28,9 +28,9 @@ TensorMeta MetaOf(const sparsync_register_msg& r) {
 }  // namespace
 
 Status SendDone(const WorkerPart& part, const Status& status, int result_fd,
-                uint64_t result_bytes, int64_t result_dim0) {
+                uint64_t result_bytes, int64_t result_dim0, bool to_device) {
   Status result = status;
-  if (status.ok() && part.cuda) result = part.cuda->CopyToDevice(part.region->data());
+  if (status.ok() && part.cuda && to_device) result = part.cuda->CopyToDevice();
   if (!result.ok() && status.ok()) spdlog::error("{}", result.message());
   sparsync_done done{};
   intake::FillHeader(&done.header, SPARSYNC_MSG_DONE, sizeof(done));
@@ -43,14 +43,31 @@ Status SendDone(const WorkerPart& part, const Status& status, int result_fd,
   return part.session->Send(&done, sizeof(done), result_fd);
 }
 
+void DeliverResult(const GroupMember& member) {
+  if (!member.clique) {
+    for (const WorkerPart& part : member.parts) (void)SendDone(part, Status::Ok());
+    return;
+  }
+  std::vector<intake::CudaTensor*> cuda;
+  for (const WorkerPart& part : member.parts) cuda.push_back(part.cuda.get());
+  Status st = member.clique->BroadcastFromHost(cuda, member.meta.dtype);
+  if (!st.ok()) spdlog::error("{}", st.message());
+  for (const WorkerPart& part : member.parts) {
+    (void)SendDone(part, st, -1, 0, 0, /*to_device=*/false);
+  }
+}
+
 TensorTable::TensorTable(World world, std::string job_token, ReportFn report, FailFn fail,
-                         std::string cudart)
+                         CudaOptions cuda)
     : world_(world),
       job_token_(std::move(job_token)),
       report_(std::move(report)),
       fail_(std::move(fail)),
-      cuda_(std::move(cudart)),
-      workers_(world.local_size) {}
+      cuda_(std::move(cuda.cudart)),
+      workers_(world.local_size),
+      local_nccl_(std::move(cuda.libnccl), cuda.local_nccl) {}
+
+Status TensorTable::LoadExplicitLibraries() { return local_nccl_.LoadExplicit(); }
 
 void TensorTable::OnHello(const std::shared_ptr<intake::WorkerSession>& session,
                           const sparsync_hello& hello, sparsync_hello_reply* reply) {
@@ -120,11 +137,13 @@ void TensorTable::OnRegister(const std::shared_ptr<intake::WorkerSession>& sessi
                                   std::to_string(world_.size()) + " workers"));
   }
   size_t bytes = static_cast<size_t>(meta.NumElements()) * intake::WireDTypeSize(meta.dtype);
+  auto created = intake::SharedRegion::Create(meta.name, bytes);
+  if (!created.ok()) return refuse(created.status());
   // A CUDA tensor's buffer and events are opened before the lock (and, if the registration is
   // refused, closed after it: declared before the lock, destroyed after it).
   std::shared_ptr<intake::CudaTensor> cuda;
   if (msg.memory == SPARSYNC_MEMORY_CUDA) {
-    auto attached = cuda_.Attach(msg, bytes, reply->cuda_done_event);
+    auto attached = cuda_.Attach(msg, *created, bytes, reply->cuda_done_event);
     if (!attached.ok()) return refuse(attached.status());
     cuda = *attached;
   }
@@ -160,8 +179,6 @@ void TensorTable::OnRegister(const std::shared_ptr<intake::WorkerSession>& sessi
       return refuse(InvalidArgument("tensor '" + meta.name + "' is already registered by this worker"));
     }
   }
-  auto created = intake::SharedRegion::Create(meta.name, bytes);
-  if (!created.ok()) return refuse(created.status());
   if (it == tensors_.end()) {
     it = tensors_.emplace(meta.name, Tensor{}).first;
     it->second.meta = meta;
@@ -181,31 +198,56 @@ void TensorTable::OnRegister(const std::shared_ptr<intake::WorkerSession>& sessi
   reply->region_bytes = bytes;
 }
 
-void TensorTable::StageFromDevice(const intake::WorkerSession& session, const sparsync_ready& msg) {
-  std::shared_ptr<intake::CudaTensor> cuda;
-  std::shared_ptr<intake::SharedRegion> region;
+void TensorTable::Stage(Staging staging) {
+  const TensorMeta& meta = staging.notice.meta;
+  std::vector<intake::CudaTensor*> cuda;
+  for (const WorkerPart& part : staging.parts) cuda.push_back(part.cuda.get());
+  std::shared_ptr<intake::DeviceClique> clique;
+  if (meta.op == SPARSYNC_OP_ALLREDUCE || meta.op == SPARSYNC_OP_GRADIENT) {
+    clique = local_nccl_.CliqueFor(cuda);
+  }
+  Status st;
+  if (clique) {
+    st = clique->ReduceToHost(cuda, meta.dtype);
+  } else {
+    // Every copy is queued before the first wait, so that copies on different devices overlap.
+    for (intake::CudaTensor* c : cuda) {
+      if (c && st.ok()) st = c->EnqueueCopyToHost();
+    }
+    for (intake::CudaTensor* c : cuda) {
+      if (c) {
+        Status synced = c->Synchronize();
+        if (st.ok()) st = synced;
+      }
+    }
+  }
+  // The table and the executor hold the parts from here on; a worker that left meanwhile has its
+  // buffer closed as soon as they let go.
+  cuda.clear();
+  staging.parts.clear();
   {
     std::lock_guard lock(mu_);
-    auto id = session.tensors.find(msg.tensor_id);
-    if (id == session.tensors.end() || !fatal_.ok()) return;  // OnReady answers these
-    const Tensor& t = tensors_.at(id->second);
-    const WorkerPart& part = *t.parts[session.local_rank];
-    if (!part.cuda || msg.round != part.round + 1 || t.posted[session.local_rank]) return;
-    cuda = part.cuda;
-    region = part.region;
+    auto it = tensors_.find(staging.name);
+    if (it == tensors_.end() || it->second.generation != staging.generation ||
+        !it->second.in_flight) {
+      return;  // failed meanwhile: every worker has its DONE already
+    }
+    it->second.clique = clique;
   }
-  Status st = cuda->CopyToHost(region->data());
-  if (st.ok()) return;
-  // This node cannot contribute the tensor: every node hears why now, not at the timeout.
-  Status error = Aborted(session.Describe(world_.node_rank) + ": " + st.message());
-  FailAll(error);
-  fail_(error);
+  if (!st.ok()) {
+    // This node cannot contribute the tensor: every node hears why now, not at the timeout.
+    Status error = Aborted("node " + std::to_string(world_.node_rank) + ": " + st.message());
+    FailAll(error);
+    fail_(error);
+    return;
+  }
+  report_(std::move(staging.notice));
 }
 
 Status TensorTable::OnReady(const std::shared_ptr<intake::WorkerSession>& session,
                             const sparsync_ready& msg) {
-  StageFromDevice(*session, msg);
   std::optional<ReadyNotice> notice;
+  std::optional<Staging> staging;
   std::optional<std::pair<WorkerPart, Status>> refuse;
   {
     std::lock_guard lock(mu_);
@@ -239,12 +281,23 @@ Status TensorTable::OnReady(const std::shared_ptr<intake::WorkerSession>& sessio
         if (t.meta.op == SPARSYNC_OP_ALLGATHER) {
           for (const auto& p : t.parts) n.worker_dim0.push_back(p->dim0);
         }
-        notice = std::move(n);
+        bool on_device = false;
+        for (const auto& p : t.parts) on_device = on_device || p->cuda;
+        if (on_device) {
+          staging.emplace();
+          staging->name = t.meta.name;
+          staging->generation = t.generation;
+          for (const auto& p : t.parts) staging->parts.push_back(*p);
+          staging->notice = std::move(n);
+        } else {
+          notice = std::move(n);
+        }
       }
     }
   }
   if (refuse) (void)SendDone(refuse->first, refuse->second);
   if (notice) report_(std::move(*notice));
+  if (staging) staging_.Post([this, s = std::move(*staging)]() mutable { Stage(std::move(s)); });
   return Status::Ok();
 }
 
@@ -341,6 +394,7 @@ Result<std::vector<GroupMember>> TensorTable::Resolve(const negotiation::Schedul
     m.scheduled = scheduled;
     m.generation = t.generation;
     m.ready_ns = t.ready_ns;
+    m.clique = t.clique;
     for (int r = 0; r < world_.local_size; ++r) {
       if (!t.parts[r]) {
         return Aborted("local rank " + std::to_string(r) + " of node " +

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "daemon/intake/cuda_staging.h"
+#include "daemon/intake/local_nccl.h"
 #include "daemon/intake/server.h"
 #include "daemon/negotiation/types.h"
 
@@ -53,6 +54,19 @@ struct GroupMember {
   std::vector<WorkerPart> parts;
   uint64_t generation = 0;  // the table's round generation, to detect a fail-all in between
   int64_t ready_ns = 0;     // steady clock when every local worker had posted this round
+  // Non-null: the parts were summed on the node's GPUs (intake/local_nccl.h), so the node's sum
+  // is parts[0]'s region alone, and the result goes back through it (DeliverResult).
+  std::shared_ptr<intake::DeviceClique> clique;
+
+  // The regions holding this node's contribution: every part's, or parts[0]'s alone.
+  size_t num_inputs() const { return clique ? 1 : parts.size(); }
+};
+
+// How the table takes CUDA tensors.
+struct CudaOptions {
+  std::string cudart;      // SPARSYNC_CUDART; empty: the default search
+  bool local_nccl = true;  // SPARSYNC_LOCAL_REDUCE=auto
+  std::string libnccl;     // SPARSYNC_LIBNCCL; empty: libnccl.so.2
 };
 
 class TensorTable : public intake::IntakeHandler {
@@ -60,9 +74,12 @@ class TensorTable : public intake::IntakeHandler {
   using ReportFn = std::function<void(ReadyNotice)>;
   using FailFn = std::function<void(const Status&)>;
 
-  // `cudart`: the CUDA runtime for CUDA tensors (SPARSYNC_CUDART; empty: the default search).
   TensorTable(World world, std::string job_token, ReportFn report, FailFn fail,
-              std::string cudart = {});
+              CudaOptions cuda = {});
+
+  // Loads now what the options name explicitly (SPARSYNC_LIBNCCL), so that a wrong setting
+  // stops the daemon at start.
+  Status LoadExplicitLibraries();
 
   // intake::IntakeHandler
   void OnHello(const std::shared_ptr<intake::WorkerSession>& session, const sparsync_hello& hello,
@@ -103,15 +120,25 @@ class TensorTable : public intake::IntakeHandler {
     bool in_flight = false;  // reported; waiting for the schedule or executing
     int64_t ready_ns = 0;    // steady clock when the round became locally ready
     uint64_t generation = 0;
+    std::shared_ptr<intake::DeviceClique> clique;  // this round's parts were summed with it
+  };
+
+  // A locally ready round with CUDA parts, staged on the staging thread before it is reported.
+  struct Staging {
+    std::string name;
+    uint64_t generation = 0;
+    std::vector<WorkerPart> parts;
+    ReadyNotice notice;
   };
 
   void EraseIfUnused(std::map<std::string, Tensor>::iterator it);  // REQUIRES: mu_ held
   Status CheckCompatible(const Tensor& t, const negotiation::TensorMeta& meta, int local_rank) const;
   void FailLocked(const Status& error, std::vector<std::pair<WorkerPart, Status>>* to_send);
   void Fail(const Status& error, bool shutting_down);
-  // READY of a CUDA tensor: copies its device buffer into the staging region. Takes the lock
-  // only to look the part up; the copy runs without it.
-  void StageFromDevice(const intake::WorkerSession& session, const sparsync_ready& msg);
+  // On the staging thread: copies a locally ready round's CUDA parts to their host staging (or
+  // sums them on the GPUs and copies the sum), then reports the round, unless it was failed
+  // meanwhile. A CUDA error fails the job.
+  void Stage(Staging staging);
 
   const World world_;
   const std::string job_token_;
@@ -125,12 +152,20 @@ class TensorTable : public intake::IntakeHandler {
   std::map<uint32_t, std::string> name_by_slot_;
   std::vector<std::weak_ptr<intake::WorkerSession>> workers_;  // by local rank
   Status fatal_;
+
+  intake::LocalNccl local_nccl_;
+  intake::StagingThread staging_;  // last: its jobs use everything above
 };
 
 // DONE for `part` with `status` (and, for allgather, the result description). For a CUDA tensor
-// and an OK status the result is first copied to the device and the done event recorded; if that
-// fails, the DONE carries the CUDA error instead.
+// and an OK status the result is first copied to the device and the done event recorded (unless
+// `to_device` is false: DeliverResult did that); if that fails, the DONE carries the CUDA error
+// instead.
 Status SendDone(const WorkerPart& part, const Status& status, int result_fd = -1,
-                uint64_t result_bytes = 0, int64_t result_dim0 = 0);
+                uint64_t result_bytes = 0, int64_t result_dim0 = 0, bool to_device = true);
+
+// DONE for every part of a reduced `member` whose result is in its input regions
+// (member.num_inputs() of them): through the GPUs when the member was summed there.
+void DeliverResult(const GroupMember& member);
 
 }  // namespace sparsync::pipeline

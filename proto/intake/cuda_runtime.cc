@@ -4,6 +4,8 @@
 
 #include <vector>
 
+#include "proto/intake/bind_symbol.h"
+
 namespace sparsync::intake {
 namespace {
 
@@ -12,14 +14,6 @@ using EntryPointByVersionFn = CudaError (*)(const char* symbol, void** fn, unsig
                                             unsigned long long flags, int* query_result);
 using EntryPointFn = CudaError (*)(const char* symbol, void** fn, unsigned long long flags,
                                    int* query_result);
-
-// Binds `*fn` to `symbol`; false (and names it in *missing) when the library lacks it.
-template <typename F>
-bool Bind(void* handle, const char* symbol, F* fn, std::string* missing) {
-  *fn = reinterpret_cast<F>(dlsym(handle, symbol));
-  if (*fn == nullptr) *missing = symbol;
-  return *fn != nullptr;
-}
 
 // The driver's cuMemGetAddressRange, through the runtime (libcuda itself is never opened here).
 void BindAddressRange(void* handle, CudaRuntime* rt) {
@@ -48,24 +42,26 @@ std::shared_ptr<const CudaRuntime> FromHandle(void* handle, const std::string& l
   auto rt = std::make_shared<CudaRuntime>();
   rt->library = library;
   std::string missing;
-  bool ok = Bind(handle, "cudaSetDevice", &rt->SetDevice, &missing) &&
-            Bind(handle, "cudaGetDevice", &rt->GetDevice, &missing) &&
-            Bind(handle, "cudaIpcGetMemHandle", &rt->IpcGetMemHandle, &missing) &&
-            Bind(handle, "cudaIpcOpenMemHandle", &rt->IpcOpenMemHandle, &missing) &&
-            Bind(handle, "cudaIpcCloseMemHandle", &rt->IpcCloseMemHandle, &missing) &&
-            Bind(handle, "cudaEventCreateWithFlags", &rt->EventCreateWithFlags, &missing) &&
-            Bind(handle, "cudaEventDestroy", &rt->EventDestroy, &missing) &&
-            Bind(handle, "cudaIpcGetEventHandle", &rt->IpcGetEventHandle, &missing) &&
-            Bind(handle, "cudaIpcOpenEventHandle", &rt->IpcOpenEventHandle, &missing) &&
-            Bind(handle, "cudaEventRecord", &rt->EventRecord, &missing) &&
-            Bind(handle, "cudaEventSynchronize", &rt->EventSynchronize, &missing) &&
-            Bind(handle, "cudaStreamCreateWithFlags", &rt->StreamCreateWithFlags, &missing) &&
-            Bind(handle, "cudaStreamDestroy", &rt->StreamDestroy, &missing) &&
-            Bind(handle, "cudaStreamWaitEvent", &rt->StreamWaitEvent, &missing) &&
-            Bind(handle, "cudaStreamSynchronize", &rt->StreamSynchronize, &missing) &&
-            Bind(handle, "cudaMemcpyAsync", &rt->MemcpyAsync, &missing) &&
-            Bind(handle, "cudaGetErrorName", &rt->GetErrorName, &missing) &&
-            Bind(handle, "cudaGetErrorString", &rt->GetErrorString, &missing);
+  bool ok = BindSymbol(handle, "cudaSetDevice", &rt->SetDevice, &missing) &&
+            BindSymbol(handle, "cudaGetDevice", &rt->GetDevice, &missing) &&
+            BindSymbol(handle, "cudaIpcGetMemHandle", &rt->IpcGetMemHandle, &missing) &&
+            BindSymbol(handle, "cudaIpcOpenMemHandle", &rt->IpcOpenMemHandle, &missing) &&
+            BindSymbol(handle, "cudaIpcCloseMemHandle", &rt->IpcCloseMemHandle, &missing) &&
+            BindSymbol(handle, "cudaEventCreateWithFlags", &rt->EventCreateWithFlags, &missing) &&
+            BindSymbol(handle, "cudaEventDestroy", &rt->EventDestroy, &missing) &&
+            BindSymbol(handle, "cudaIpcGetEventHandle", &rt->IpcGetEventHandle, &missing) &&
+            BindSymbol(handle, "cudaIpcOpenEventHandle", &rt->IpcOpenEventHandle, &missing) &&
+            BindSymbol(handle, "cudaEventRecord", &rt->EventRecord, &missing) &&
+            BindSymbol(handle, "cudaEventSynchronize", &rt->EventSynchronize, &missing) &&
+            BindSymbol(handle, "cudaStreamCreateWithFlags", &rt->StreamCreateWithFlags, &missing) &&
+            BindSymbol(handle, "cudaStreamDestroy", &rt->StreamDestroy, &missing) &&
+            BindSymbol(handle, "cudaStreamWaitEvent", &rt->StreamWaitEvent, &missing) &&
+            BindSymbol(handle, "cudaStreamSynchronize", &rt->StreamSynchronize, &missing) &&
+            BindSymbol(handle, "cudaMemcpyAsync", &rt->MemcpyAsync, &missing) &&
+            BindSymbol(handle, "cudaHostRegister", &rt->HostRegister, &missing) &&
+            BindSymbol(handle, "cudaHostUnregister", &rt->HostUnregister, &missing) &&
+            BindSymbol(handle, "cudaGetErrorName", &rt->GetErrorName, &missing) &&
+            BindSymbol(handle, "cudaGetErrorString", &rt->GetErrorString, &missing);
   if (!ok) {
     *error = library + " is not a usable CUDA runtime: it lacks " + missing;
     return nullptr;

@@ -30,6 +30,7 @@ inline constexpr unsigned kCudaStreamNonBlocking = 0x01;           // cudaStream
 inline constexpr int kCudaMemcpyHostToDevice = 1;                  // cudaMemcpyHostToDevice
 inline constexpr int kCudaMemcpyDeviceToHost = 2;                  // cudaMemcpyDeviceToHost
 inline constexpr unsigned long long kCudaEnableDefault = 0;        // cudaEnableDefault
+inline constexpr unsigned kCudaHostRegisterPortable = 0x01;        // cudaHostRegisterPortable
 
 struct CudaRuntime {
   std::string library;  // the file the functions came from, for messages
@@ -50,6 +51,9 @@ struct CudaRuntime {
   CudaError (*StreamWaitEvent)(CudaStream stream, CudaEvent event, unsigned flags);
   CudaError (*StreamSynchronize)(CudaStream stream);
   CudaError (*MemcpyAsync)(void* dst, const void* src, size_t bytes, int kind, CudaStream stream);
+  // Page-locks host memory so that copies to and from it run at full speed, asynchronously.
+  CudaError (*HostRegister)(void* ptr, size_t bytes, unsigned flags);
+  CudaError (*HostUnregister)(void* ptr);
   const char* (*GetErrorName)(CudaError error);
   const char* (*GetErrorString)(CudaError error);
   // The driver's cuMemGetAddressRange (CUresult, 0 on success): the base and size of the

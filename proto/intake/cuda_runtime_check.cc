@@ -25,6 +25,7 @@ static_assert(kCudaStreamNonBlocking == cudaStreamNonBlocking);
 static_assert(kCudaMemcpyHostToDevice == cudaMemcpyHostToDevice);
 static_assert(kCudaMemcpyDeviceToHost == cudaMemcpyDeviceToHost);
 static_assert(kCudaEnableDefault == cudaEnableDefault);
+static_assert(kCudaHostRegisterPortable == cudaHostRegisterPortable);
 static_assert(sizeof(cudaMemcpyKind) == sizeof(int) && sizeof(CUresult) == sizeof(int));
 static_assert(sizeof(CUdeviceptr) == sizeof(unsigned long long));
 static_assert(sizeof(cudaDriverEntryPointQueryResult) == sizeof(int));

@@ -1,6 +1,7 @@
 """The CUDA IPC intake through real daemons, with the fake CUDA runtime in the daemons and the
-workers (SPARSYNC_CUDART): "device" gradients are averaged exactly and bit-identically, and a
-missing runtime is a clear error, not a hang."""
+workers (SPARSYNC_CUDART) and the fake NCCL in the daemons (SPARSYNC_LIBNCCL): "device"
+gradients are averaged exactly and bit-identically, summed across a node's GPUs with NCCL when
+each worker has a GPU of its own, and a missing runtime is a clear error, not a hang."""
 
 import os
 import sys
@@ -15,23 +16,44 @@ sys.path.insert(0, str(WORKERS))
 import cuda_ipc  # noqa: E402
 
 
-@pytest.fixture
-def fake_cudart(daemon):
-    """libsparsync_fake_cudart.so of the build the daemon comes from (or $SPARSYNC_FAKE_CUDART)."""
-    path = os.environ.get("SPARSYNC_FAKE_CUDART") or str(
-        Path(daemon).resolve().parents[1] / "tests" / "unit" / "libsparsync_fake_cudart.so")
+def fake_library(daemon, name, env, what):
+    """tests/unit/<name> of the build the daemon comes from, or $<env>; skips if not built."""
+    path = os.environ.get(env) or str(Path(daemon).resolve().parents[1] / "tests" / "unit" / name)
     if not Path(path).is_file():
-        pytest.skip("the fake CUDA runtime is not built: %s" % path)
+        pytest.skip("%s is not built: %s" % (what, path))
     return path
 
 
-@pytest.mark.parametrize("nodes,local_size", [(1, 2), (2, 1)])
-def test_cuda_tensors_are_averaged_exactly(job_factory, fake_cudart, nodes, local_size):
+@pytest.fixture
+def fake_cudart(daemon):
+    return fake_library(daemon, "libsparsync_fake_cudart.so", "SPARSYNC_FAKE_CUDART",
+                        "the fake CUDA runtime")
+
+
+@pytest.fixture
+def fake_nccl(daemon):
+    return fake_library(daemon, "libsparsync_fake_nccl.so", "SPARSYNC_FAKE_NCCL", "the fake NCCL")
+
+
+# (nodes, workers per node, each worker's device, how the node sums):
+#   one GPU shared by two workers, summed on the host; two GPUs summed with NCCL; two nodes.
+@pytest.mark.parametrize("nodes,local_size,device,local_reduce", [
+    (1, 2, "1", "auto"), (1, 2, "local_rank", "auto"), (1, 2, "local_rank", "host"),
+    (2, 1, "1", "auto")])
+def test_cuda_tensors_are_averaged_exactly(job_factory, fake_cudart, fake_nccl, nodes,
+                                           local_size, device, local_reduce):
     job = job_factory(nodes, local_size, {"SPARSYNC_CUDART": fake_cudart,
+                                          "SPARSYNC_LIBNCCL": fake_nccl,
+                                          "SPARSYNC_LOCAL_REDUCE": local_reduce,
                                           "SPARSYNC_COMPRESSOR": "none"})
     rcs = job.run_workers("cuda_ipc.py", ["reduce"], timeout_s=90,
-                          extra={"SPARSYNC_TEST_FAKE_CUDART": fake_cudart})
+                          extra={"SPARSYNC_TEST_FAKE_CUDART": fake_cudart,
+                                 "SPARSYNC_TEST_CUDA_DEVICE": device})
     assert rcs == [0] * job.size, "workers failed: %s\n%s" % (rcs, job.logs())
+    with_nccl = any("summing the node's CUDA tensors on devices 0,1 with NCCL" in
+                    f.read_text(errors="replace") for f in job.tmp.glob("*.log"))
+    assert with_nccl == (local_size == 2 and device == "local_rank" and local_reduce == "auto"), \
+        job.logs()
     res = [dict(np.load(job.outdir / ("rank%d.npz" % r))) for r in range(job.size)]
     for key in res[0]:
         for r in range(1, job.size):

@@ -4,6 +4,8 @@ from the fake CUDA runtime (tests/support/fake_cudart) that SPARSYNC_TEST_FAKE_C
 mode "reduce": 3 rounds of a gradient and an explicit allreduce that sit inside larger
 allocations; saves every round's result and the guard bytes around each tensor.
 mode "register": one registration, whose error (if any) is saved as text.
+SPARSYNC_TEST_CUDA_DEVICE: the "GPU" of the worker's tensors, a number or "local_rank"
+(default 1).
 """
 
 import ctypes
@@ -87,13 +89,16 @@ def main():
         client.close()
         return
 
+    device = os.environ.get("SPARSYNC_TEST_CUDA_DEVICE", "1")
+    device = int(os.environ["SPARSYNC_LOCAL_RANK"]) if device == "local_rank" else int(device)
+    assert dev.lib.cudaSetDevice(device) == 0
     stream = dev.stream()
     regs, allocations = {}, {}
     for name, (op, wire, npdt, shape, offset, alloc) in TENSORS.items():
         base = dev.malloc(alloc)
         dev.write(base, np.full(alloc, GUARD, dtype=np.uint8))
         allocations[name] = base
-        regs[name] = client.register_cuda(name, op, wire, shape, 1, base + offset)
+        regs[name] = client.register_cuda(name, op, wire, shape, device, base + offset)
     results = {}
     for rnd in range(1, ROUNDS + 1):
         for name, (op, wire, npdt, shape, offset, alloc) in TENSORS.items():

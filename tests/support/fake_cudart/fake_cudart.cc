@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
@@ -38,6 +39,8 @@ constexpr int kMemoryAllocation = 2;
 constexpr int kInvalidDevice = 101;
 constexpr int kInvalidResourceHandle = 400;
 constexpr int kNotReady = 600;
+constexpr int kHostMemoryAlreadyRegistered = 712;
+constexpr int kHostMemoryNotRegistered = 713;
 
 constexpr int kDevices = 4;
 constexpr unsigned kInterprocess = 0x04;
@@ -89,6 +92,7 @@ struct State {
   std::map<std::pair<int32_t, uint64_t>, uintptr_t> imported;  // (pid, id) -> base
   std::map<void*, Event> events;
   std::set<void*> streams;
+  std::map<uintptr_t, size_t> pinned;  // page-locked host ranges: start -> bytes
   std::vector<std::string> journal;
   std::vector<std::string> misuse;
   uint64_t next_id = 1;
@@ -466,6 +470,35 @@ int cudaMemcpyAsync(void* dst, const void* src, size_t bytes, int kind, void* st
   return Copy(dst, src, bytes, kind, stream);
 }
 
+// Page-locking is bookkeeping only; overlapping registrations and unknown ranges fail as in CUDA.
+int cudaHostRegister(void* ptr, size_t bytes, unsigned flags) {
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  uintptr_t a = reinterpret_cast<uintptr_t>(ptr);
+  if (ptr == nullptr || bytes == 0 || flags > 0x0f) {
+    return Misuse(s, kInvalidValue, "cudaHostRegister of " + std::to_string(bytes) + " bytes");
+  }
+  auto next = s.pinned.lower_bound(a);
+  bool overlaps = (next != s.pinned.end() && next->first < a + bytes) ||
+                  (next != s.pinned.begin() && std::prev(next)->first + std::prev(next)->second > a);
+  if (overlaps) return Misuse(s, kHostMemoryAlreadyRegistered, "cudaHostRegister twice");
+  s.pinned[a] = bytes;
+  s.journal.push_back("pin " + std::to_string(bytes));
+  return kSuccess;
+}
+
+int cudaHostUnregister(void* ptr) {
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  auto it = s.pinned.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == s.pinned.end()) {
+    return Misuse(s, kHostMemoryNotRegistered, "cudaHostUnregister of memory never registered");
+  }
+  s.journal.push_back("unpin " + std::to_string(it->second));
+  s.pinned.erase(it);
+  return kSuccess;
+}
+
 int cudaMemcpy(void* dst, const void* src, size_t bytes, int kind) {
   return Copy(dst, src, bytes, kind, nullptr);
 }
@@ -484,6 +517,10 @@ const char* cudaGetErrorName(int error) {
       return "cudaErrorInvalidResourceHandle";
     case kNotReady:
       return "cudaErrorNotReady";
+    case kHostMemoryAlreadyRegistered:
+      return "cudaErrorHostMemoryAlreadyRegistered";
+    case kHostMemoryNotRegistered:
+      return "cudaErrorHostMemoryNotRegistered";
   }
   return "cudaErrorUnknown";
 }
@@ -502,6 +539,10 @@ const char* cudaGetErrorString(int error) {
       return "invalid resource handle";
     case kNotReady:
       return "device not ready";
+    case kHostMemoryAlreadyRegistered:
+      return "part or all of the requested memory range is already mapped";
+    case kHostMemoryNotRegistered:
+      return "pointer does not correspond to a registered memory region";
   }
   return "unknown error";
 }
@@ -529,7 +570,7 @@ int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned ver
 // ---- Test-only inspection. ----
 
 // Live objects of a kind: "ipc_memory" (opened handles, counting repeats), "events", "streams",
-// "allocations" (this process's cudaMalloc).
+// "allocations" (this process's cudaMalloc), "pinned" (cudaHostRegister ranges).
 int sparsync_fake_cuda_live(const char* what) {
   State& s = S();
   std::lock_guard lock(s.mu);
@@ -543,6 +584,8 @@ int sparsync_fake_cuda_live(const char* what) {
     n = static_cast<int>(s.events.size());
   } else if (w == "streams") {
     n = static_cast<int>(s.streams.size());
+  } else if (w == "pinned") {
+    n = static_cast<int>(s.pinned.size());
   } else {
     n = -1;
   }

@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "daemon/pipeline/tensor_table.h"
@@ -97,6 +99,7 @@ class CudaStagingTest : public ::testing::Test {
 
   void TearDown() override {
     table_.reset();
+    EXPECT_EQ(fake_.Live("pinned"), 0) << "the daemon left its staging page-locked";
     for (DeviceTensor* t : tensors_) {
       if (t->done) {
         EXPECT_EQ(fake_.EventDestroy(t->done), 0);
@@ -110,10 +113,23 @@ class CudaStagingTest : public ::testing::Test {
     EXPECT_EQ(fake_.TakeMisuse(), "") << "the daemon misused the CUDA runtime";
   }
 
-  std::unique_ptr<TensorTable> MakeTable(const std::string& cudart) {
+  std::unique_ptr<TensorTable> MakeTable(const std::string& cudart, int local_size = 1,
+                                         const std::string& libnccl = "",
+                                         bool local_nccl = true) {
+    // Notices and failures come from the table's staging thread.
     auto table = std::make_unique<TensorTable>(
-        pipeline::World{0, 1, 1}, "", [this](pipeline::ReadyNotice n) { notices_.push_back(n); },
-        [this](const Status& s) { failures_.push_back(s); }, cudart);
+        pipeline::World{0, 1, local_size}, "",
+        [this](pipeline::ReadyNotice n) {
+          std::lock_guard lock(mu_);
+          notices_.push_back(n);
+          changed_.notify_all();
+        },
+        [this](const Status& s) {
+          std::lock_guard lock(mu_);
+          failures_.push_back(s);
+          changed_.notify_all();
+        },
+        pipeline::CudaOptions{cudart, local_nccl, libnccl});
     sparsync_hello hello{};
     sparsync_hello_reply reply{};
     table->OnHello(session_, hello, &reply);
@@ -123,7 +139,7 @@ class CudaStagingTest : public ::testing::Test {
 
   // Allocates, fills (guard pattern, then values i * 0.5) and exports a tensor.
   DeviceTensor* NewTensor(const std::string& name, size_t numel, size_t offset, size_t alloc_bytes,
-                          uint32_t id) {
+                          uint32_t id, int device = 1) {
     auto* t = new DeviceTensor;
     owned_.emplace_back(t);
     tensors_.push_back(t);
@@ -149,7 +165,7 @@ class CudaStagingTest : public ::testing::Test {
     m.name_len = static_cast<uint32_t>(name.size());
     std::memcpy(m.name, name.data(), name.size());
     m.memory = SPARSYNC_MEMORY_CUDA;
-    m.cuda_device = 1;
+    m.cuda_device = static_cast<uint32_t>(device);
     m.cuda_offset = offset;
     CudaIpcHandle h;
     EXPECT_EQ(fake_.IpcGetMemHandle(&h, t->alloc), 0);
@@ -159,10 +175,11 @@ class CudaStagingTest : public ::testing::Test {
     return t;
   }
 
-  sparsync_register_reply Register(DeviceTensor* t, TensorTable* table = nullptr) {
+  sparsync_register_reply Register(DeviceTensor* t, TensorTable* table = nullptr,
+                                   const std::shared_ptr<WorkerSession>& session = nullptr) {
     sparsync_register_reply reply{};
     std::shared_ptr<SharedRegion> region;
-    (table ? table : table_.get())->OnRegister(session_, t->msg, &reply, &region);
+    (table ? table : table_.get())->OnRegister(session ? session : session_, t->msg, &reply, &region);
     if (reply.status == SPARSYNC_OK) {
       EXPECT_NE(region, nullptr);
       CudaIpcHandle h;
@@ -174,12 +191,13 @@ class CudaStagingTest : public ::testing::Test {
     return reply;
   }
 
-  Status Ready(DeviceTensor* t, uint64_t round) {
+  Status Ready(DeviceTensor* t, uint64_t round,
+               const std::shared_ptr<WorkerSession>& session = nullptr) {
     sparsync_ready r{};
     FillHeader(&r.header, SPARSYNC_MSG_READY, sizeof(r));
     r.tensor_id = t->msg.tensor_id;
     r.round = round;
-    return table_->OnReady(session_, r);
+    return table_->OnReady(session ? session : session_, r);
   }
 
   std::vector<GroupMember> Resolve(const std::string& name, uint32_t slot) {
@@ -191,11 +209,12 @@ class CudaStagingTest : public ::testing::Test {
     return members.ok() ? *members : std::vector<GroupMember>{};
   }
 
-  sparsync_done ReceiveDone() {
+  sparsync_done ReceiveDone(int fd = -1) {
+    if (fd < 0) fd = worker_fd_;
     sparsync_done done{};
-    pollfd p{worker_fd_, POLLIN, 0};
+    pollfd p{fd, POLLIN, 0};
     EXPECT_EQ(poll(&p, 1, 5000), 1) << "no DONE arrived";
-    EXPECT_EQ(recv(worker_fd_, &done, sizeof(done), 0), static_cast<ssize_t>(sizeof(done)));
+    EXPECT_EQ(recv(fd, &done, sizeof(done), 0), static_cast<ssize_t>(sizeof(done)));
     return done;
   }
 
@@ -207,12 +226,26 @@ class CudaStagingTest : public ::testing::Test {
 
   std::string Id(CudaEvent e) { return "E" + std::to_string(fake_.EventId(e)); }
 
+  // Waits up to 5 s for `n` notices, or failures; returns how many there are.
+  size_t WaitNotices(size_t n) {
+    std::unique_lock lock(mu_);
+    changed_.wait_for(lock, std::chrono::seconds(5), [&] { return notices_.size() >= n; });
+    return notices_.size();
+  }
+  size_t WaitFailures(size_t n) {
+    std::unique_lock lock(mu_);
+    changed_.wait_for(lock, std::chrono::seconds(5), [&] { return failures_.size() >= n; });
+    return failures_.size();
+  }
+
   FakeCuda fake_{};
   std::shared_ptr<WorkerSession> session_;
   int worker_fd_ = -1;
   std::unique_ptr<TensorTable> table_;
-  std::vector<pipeline::ReadyNotice> notices_;
-  std::vector<Status> failures_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::vector<pipeline::ReadyNotice> notices_;  // GUARDED_BY(mu_)
+  std::vector<Status> failures_;                // GUARDED_BY(mu_)
   std::vector<std::unique_ptr<DeviceTensor>> owned_;
   std::vector<DeviceTensor*> tensors_;
   int events_before_ = 0;
@@ -220,13 +253,17 @@ class CudaStagingTest : public ::testing::Test {
 
 TEST_F(CudaStagingTest, DataFlowsDeviceToStagingToDeviceInOrder) {
   DeviceTensor* t = NewTensor("fc.weight", 16, 256, 1024, 5);
+  fake_.TakeJournal();
   ASSERT_EQ(Register(t).status, SPARSYNC_OK);
+  // The staging is page-locked once, at registration.
+  EXPECT_NE(fake_.TakeJournal().find("pin 64\n"), std::string::npos);
+  EXPECT_EQ(fake_.Live("pinned"), 1);
   const std::vector<unsigned char> before = DeviceBytes(t);
   for (uint64_t round = 1; round <= 2; ++round) {
     ASSERT_EQ(fake_.EventRecord(t->ready, nullptr), 0);  // the shim wrote the buffer
     fake_.TakeJournal();
     ASSERT_TRUE(Ready(t, round).ok());
-    ASSERT_EQ(notices_.size(), round);
+    ASSERT_EQ(WaitNotices(round), round);
     // The daemon's stream waited for the ready event before it copied, and the copy is complete.
     EXPECT_EQ(fake_.TakeJournal(), "wait " + Id(t->ready) + "\nD2H 64\nsync\n");
     std::vector<GroupMember> members = Resolve("fc.weight", 7);
@@ -265,6 +302,7 @@ TEST_F(CudaStagingTest, AnErrorDoneLeavesTheDeviceBufferAlone) {
   ASSERT_EQ(Register(t).status, SPARSYNC_OK);
   ASSERT_EQ(fake_.EventRecord(t->ready, nullptr), 0);
   ASSERT_TRUE(Ready(t, 1).ok());
+  ASSERT_EQ(WaitNotices(1), 1u);
   std::vector<GroupMember> members = Resolve("w", 1);
   ASSERT_EQ(members.size(), 1u);
   fake_.TakeJournal();
@@ -302,6 +340,7 @@ TEST_F(CudaStagingTest, ATensorInFlightKeepsItsHandlesUntilTheGroupLetsGo) {
   ASSERT_EQ(Register(t).status, SPARSYNC_OK);
   ASSERT_EQ(fake_.EventRecord(t->ready, nullptr), 0);
   ASSERT_TRUE(Ready(t, 1).ok());
+  ASSERT_EQ(WaitNotices(1), 1u);
   std::vector<GroupMember> members = Resolve("g", 1);
   table_->OnDisconnect(session_, Unavailable("the worker was killed"));
   EXPECT_EQ(fake_.Live("ipc_memory"), 1) << "closed while the executor may still copy";
@@ -350,8 +389,8 @@ TEST_F(CudaStagingTest, ACudaErrorAtReadyFailsTheJobWithTheCudaMessage) {
   ASSERT_EQ(Register(t).status, SPARSYNC_OK);
   // The shim never recorded its ready event: the fake refuses the wait (CUDA would race).
   ASSERT_TRUE(Ready(t, 1).ok());
+  ASSERT_EQ(WaitFailures(1), 1u);
   EXPECT_TRUE(notices_.empty());
-  ASSERT_EQ(failures_.size(), 1u);
   const std::string& why = failures_[0].message();
   EXPECT_NE(why.find("waiting for the worker's ready event for tensor 'conv1.weight' on CUDA "
                      "device 1: cudaErrorInvalidResourceHandle"),
@@ -361,6 +400,201 @@ TEST_F(CudaStagingTest, ACudaErrorAtReadyFailsTheJobWithTheCudaMessage) {
   EXPECT_EQ(done.status, SPARSYNC_ERR_ABORTED);
   EXPECT_NE(std::string(done.message).find("cudaErrorInvalidResourceHandle"), std::string::npos);
   EXPECT_NE(fake_.TakeMisuse().find("never recorded"), std::string::npos);
+}
+
+// ---- The local reduce: two workers of one node, each on a GPU of its own. ----
+
+// The fake NCCL's test API (tests/support/fake_nccl).
+struct FakeNccl {
+  size_t (*Journal)(char*, size_t);
+  size_t (*Misuse)(char*, size_t);
+  int (*LiveComms)();
+  void (*FailNext)(const char*, int);
+
+  static FakeNccl Load() {
+    void* lib = dlopen(SPARSYNC_FAKE_NCCL, RTLD_NOW | RTLD_LOCAL);
+    EXPECT_NE(lib, nullptr) << dlerror();
+    FakeNccl f{};
+    auto bind = [&](auto* fn, const char* name) {
+      *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(dlsym(lib, name));
+      EXPECT_NE(*fn, nullptr) << name;
+    };
+    bind(&f.Journal, "sparsync_fake_nccl_journal");
+    bind(&f.Misuse, "sparsync_fake_nccl_misuse");
+    bind(&f.LiveComms, "sparsync_fake_nccl_live_comms");
+    bind(&f.FailNext, "sparsync_fake_nccl_fail_next");
+    return f;
+  }
+  std::string TakeJournal() const { return FakeCuda::Take(Journal); }
+  std::string TakeMisuse() const { return FakeCuda::Take(Misuse); }
+};
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+class LocalReduceTest : public CudaStagingTest {
+ protected:
+  void SetUp() override {
+    CudaStagingTest::SetUp();
+    nccl_ = FakeNccl::Load();
+    nccl_.TakeJournal();
+    nccl_.TakeMisuse();
+  }
+
+  void TearDown() override {
+    CudaStagingTest::TearDown();
+    if (second_fd_ >= 0) close(second_fd_);
+    EXPECT_EQ(nccl_.LiveComms(), 0) << "the daemon left NCCL communicators behind";
+    EXPECT_EQ(nccl_.TakeMisuse(), "") << "the daemon misused NCCL";
+  }
+
+  // A table for two local workers (session_ is local rank 0, second_ local rank 1).
+  void UseTwoWorkers(const std::string& libnccl, bool local_nccl = true) {
+    table_ = MakeTable(SPARSYNC_FAKE_CUDART, 2, libnccl, local_nccl);
+    int fds[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds), 0);
+    second_ = std::make_shared<WorkerSession>(fds[0]);
+    second_fd_ = fds[1];
+    sparsync_hello hello{};
+    hello.local_rank = 1;
+    sparsync_hello_reply reply{};
+    table_->OnHello(second_, hello, &reply);
+    ASSERT_EQ(reply.status, SPARSYNC_OK);
+  }
+
+  // The same tensor from both workers, on `device0` and `device1`; both posted for round 1.
+  std::pair<DeviceTensor*, DeviceTensor*> PostBoth(int device0, int device1) {
+    DeviceTensor* a = NewTensor("fc.weight", 16, 256, 1024, 3, device0);
+    DeviceTensor* b = NewTensor("fc.weight", 16, 0, 64, 3, device1);
+    EXPECT_EQ(Register(a).status, SPARSYNC_OK);
+    EXPECT_EQ(Register(b, nullptr, second_).status, SPARSYNC_OK);
+    EXPECT_EQ(fake_.EventRecord(a->ready, nullptr), 0);
+    EXPECT_EQ(fake_.EventRecord(b->ready, nullptr), 0);
+    fake_.TakeJournal();
+    EXPECT_TRUE(Ready(a, 1).ok());
+    EXPECT_TRUE(Ready(b, 1, second_).ok());
+    return {a, b};
+  }
+
+  static float Value(const std::vector<unsigned char>& bytes, size_t offset, size_t i) {
+    float v;
+    std::memcpy(&v, bytes.data() + offset + i * 4, 4);
+    return v;
+  }
+
+  FakeNccl nccl_{};
+  std::shared_ptr<WorkerSession> second_;
+  int second_fd_ = -1;
+};
+
+TEST_F(LocalReduceTest, TwoGpusAreSummedWithNcclAndOnlyTheSumCrossesToTheHost) {
+  UseTwoWorkers(SPARSYNC_FAKE_NCCL);
+  auto [a, b] = PostBoth(0, 2);
+  ASSERT_EQ(WaitNotices(1), 1u);
+  // Both streams waited for their worker; the sum alone was copied to the host.
+  std::string cuda = fake_.TakeJournal();
+  EXPECT_EQ(Count(cuda, "wait " + Id(a->ready) + "\n"), 1u) << cuda;
+  EXPECT_EQ(Count(cuda, "wait " + Id(b->ready) + "\n"), 1u) << cuda;
+  EXPECT_EQ(Count(cuda, "D2H"), 1u) << cuda;
+  std::string nccl = nccl_.TakeJournal();
+  EXPECT_EQ(Count(nccl, "init "), 1u) << nccl;
+  EXPECT_EQ(Count(nccl, "reduce "), 2u) << nccl;
+
+  std::vector<GroupMember> members = Resolve("fc.weight", 4);
+  ASSERT_EQ(members.size(), 1u);
+  ASSERT_NE(members[0].clique, nullptr);
+  EXPECT_EQ(members[0].num_inputs(), 1u);
+  EXPECT_EQ(members[0].clique->devices(), (std::vector<int>{0, 2}));
+  float* sum = static_cast<float*>(members[0].parts[0].region->data());
+  for (size_t i = 0; i < 16; ++i) {
+    ASSERT_EQ(sum[i], static_cast<float>(i)) << i;  // 0.5 i from each worker
+    sum[i] = 3.0f * static_cast<float>(i);           // the node's "result"
+  }
+  fake_.TakeJournal();
+  pipeline::DeliverResult(members[0]);
+  cuda = fake_.TakeJournal();
+  EXPECT_EQ(Count(cuda, "H2D"), 1u) << cuda;
+  EXPECT_EQ(Count(cuda, "record " + Id(a->done)), 1u) << cuda;
+  EXPECT_EQ(Count(cuda, "record " + Id(b->done)), 1u) << cuda;
+  EXPECT_EQ(Count(nccl_.TakeJournal(), "broadcast "), 2u);
+  EXPECT_EQ(ReceiveDone().status, SPARSYNC_OK);
+  EXPECT_EQ(ReceiveDone(second_fd_).status, SPARSYNC_OK);
+  std::vector<unsigned char> da = DeviceBytes(a), db = DeviceBytes(b);
+  for (size_t i = 0; i < 16; ++i) {
+    EXPECT_EQ(Value(da, 256, i), 3.0f * static_cast<float>(i)) << i;
+    EXPECT_EQ(Value(db, 0, i), 3.0f * static_cast<float>(i)) << i;
+  }
+  for (size_t at = 0; at < 256; ++at) ASSERT_EQ(da[at], kGuard) << "byte " << at;
+  for (size_t at = 256 + 64; at < da.size(); ++at) ASSERT_EQ(da[at], kGuard) << "byte " << at;
+  table_->Finish(members);
+  members.clear();
+  table_.reset();  // the communicators go with the table
+}
+
+TEST_F(LocalReduceTest, TwoWorkersOnOneGpuAreSummedOnTheHost) {
+  UseTwoWorkers(SPARSYNC_FAKE_NCCL);
+  PostBoth(1, 1);
+  ASSERT_EQ(WaitNotices(1), 1u);
+  EXPECT_EQ(Count(fake_.TakeJournal(), "D2H 64"), 2u);
+  EXPECT_EQ(nccl_.TakeJournal(), "");
+  std::vector<GroupMember> members = Resolve("fc.weight", 4);
+  ASSERT_EQ(members.size(), 1u);
+  EXPECT_EQ(members[0].clique, nullptr);
+  EXPECT_EQ(members[0].num_inputs(), 2u);
+}
+
+TEST_F(LocalReduceTest, LocalReduceHostKeepsNcclOut) {
+  UseTwoWorkers(SPARSYNC_FAKE_NCCL, /*local_nccl=*/false);
+  PostBoth(0, 1);
+  ASSERT_EQ(WaitNotices(1), 1u);
+  EXPECT_EQ(nccl_.TakeJournal(), "");
+  std::vector<GroupMember> members = Resolve("fc.weight", 4);
+  ASSERT_EQ(members.size(), 1u);
+  EXPECT_EQ(members[0].clique, nullptr);
+}
+
+TEST_F(LocalReduceTest, CommunicatorsThatCannotBeMadeLeaveTheSumToTheHost) {
+  UseTwoWorkers(SPARSYNC_FAKE_NCCL);
+  nccl_.FailNext("ncclCommInitAll", 2);  // ncclSystemError
+  PostBoth(0, 1);
+  ASSERT_EQ(WaitNotices(1), 1u);
+  EXPECT_TRUE(failures_.empty());
+  std::vector<GroupMember> members = Resolve("fc.weight", 4);
+  ASSERT_EQ(members.size(), 1u);
+  EXPECT_EQ(members[0].clique, nullptr);
+  for (const pipeline::WorkerPart& part : members[0].parts) {
+    const float* staged = static_cast<const float*>(part.region->data());
+    for (size_t i = 0; i < 16; ++i) ASSERT_EQ(staged[i], 0.5f * static_cast<float>(i)) << i;
+  }
+}
+
+TEST_F(LocalReduceTest, ANcclErrorInTheReduceFailsTheJobWithItsMessage) {
+  UseTwoWorkers(SPARSYNC_FAKE_NCCL);
+  nccl_.FailNext("ncclReduce", 1);  // ncclUnhandledCudaError
+  PostBoth(0, 1);
+  ASSERT_EQ(WaitFailures(1), 1u);
+  const std::string why = failures_[0].message();
+  EXPECT_NE(why.find("ncclReduce of tensor 'fc.weight' across CUDA devices 0,1"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(ReceiveDone().status, SPARSYNC_ERR_ABORTED);
+  EXPECT_EQ(ReceiveDone(second_fd_).status, SPARSYNC_ERR_ABORTED);
+  nccl_.TakeMisuse();  // the fake also reports the rank missing from the group
+}
+
+TEST_F(LocalReduceTest, AnExplicitLibncclThatDoesNotLoadStopsTheDaemon) {
+  UseTwoWorkers("/nonexistent/libnccl.so.2");
+  Status st = table_->LoadExplicitLibraries();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("SPARSYNC_LIBNCCL=/nonexistent/libnccl.so.2"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("SPARSYNC_LOCAL_REDUCE=host"), std::string::npos) << st.message();
+  EXPECT_TRUE(MakeTable(SPARSYNC_FAKE_CUDART, 2, "/nonexistent/libnccl.so.2", false)
+                  ->LoadExplicitLibraries()
+                  .ok());
 }
 
 }  // namespace

@@ -1,0 +1,201 @@
+#include "daemon/intake/local_nccl.h"
+
+#include <dlfcn.h>
+#include <spdlog/spdlog.h>
+
+#include "proto/intake/bind_symbol.h"
+
+namespace sparsync::intake {
+
+// The NCCL functions the local reduce needs, resolved with dlsym. Types mirror nccl.h
+// (local_nccl_check.cc holds them against it where NCCL is installed).
+struct NcclLibrary {
+  std::string library;
+  int version = 0;
+  int (*GetVersion)(int* version);
+  const char* (*GetErrorString)(int result);
+  int (*CommInitAll)(void** comms, int ndev, const int* devlist);
+  int (*CommDestroy)(void* comm);
+  int (*GroupStart)();
+  int (*GroupEnd)();
+  int (*Reduce)(const void* send, void* recv, size_t count, int datatype, int op, int root,
+                void* comm, CudaStream stream);
+  int (*Broadcast)(const void* send, void* recv, size_t count, int datatype, int root, void* comm,
+                   CudaStream stream);
+};
+
+namespace {
+
+std::shared_ptr<const NcclLibrary> LoadNccl(const std::string& explicit_path, std::string* error) {
+  const std::string name = explicit_path.empty() ? "libnccl.so.2" : explicit_path;
+  void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    *error = "cannot load NCCL (" + std::string(why ? why : name + ": not found") + ")";
+    return nullptr;
+  }
+  auto lib = std::make_shared<NcclLibrary>();
+  lib->library = name;
+  std::string missing;
+  bool ok = BindSymbol(handle, "ncclGetVersion", &lib->GetVersion, &missing) &&
+            BindSymbol(handle, "ncclGetErrorString", &lib->GetErrorString, &missing) &&
+            BindSymbol(handle, "ncclCommInitAll", &lib->CommInitAll, &missing) &&
+            BindSymbol(handle, "ncclCommDestroy", &lib->CommDestroy, &missing) &&
+            BindSymbol(handle, "ncclGroupStart", &lib->GroupStart, &missing) &&
+            BindSymbol(handle, "ncclGroupEnd", &lib->GroupEnd, &missing) &&
+            BindSymbol(handle, "ncclReduce", &lib->Reduce, &missing) &&
+            BindSymbol(handle, "ncclBroadcast", &lib->Broadcast, &missing);
+  if (!ok) {
+    *error = name + " is not a usable NCCL: it lacks " + missing;
+    return nullptr;
+  }
+  if (lib->GetVersion(&lib->version) != kNcclSuccess) lib->version = 0;
+  return lib;
+}
+
+std::string DeviceList(const std::vector<int>& devices) {
+  std::string s;
+  for (int d : devices) s += (s.empty() ? "" : ",") + std::to_string(d);
+  return s;
+}
+
+}  // namespace
+
+// ---- DeviceClique ----
+
+DeviceClique::~DeviceClique() {
+  for (void* comm : comms_) {
+    int r = nccl_->CommDestroy(comm);
+    if (r != kNcclSuccess) spdlog::warn("ncclCommDestroy: {}", nccl_->GetErrorString(r));
+  }
+}
+
+Status DeviceClique::Check(int result, const std::string& what, const std::string& tensor) const {
+  if (result == kNcclSuccess) return Status::Ok();
+  const char* text = nccl_->GetErrorString(result);
+  return Internal(what + " of tensor '" + tensor + "' across CUDA devices " +
+                  DeviceList(devices_) + ": " + (text ? text : "NCCL error") + " (" +
+                  std::to_string(result) + ")");
+}
+
+template <typename Call>
+Status DeviceClique::Group(const char* name, const std::string& tensor, Call call) {
+  SPARSYNC_RETURN_IF_ERROR(Check(nccl_->GroupStart(), "ncclGroupStart", tensor));
+  Status first;
+  for (size_t r = 0; r < comms_.size(); ++r) {
+    Status st = Check(call(r), name, tensor);
+    if (first.ok()) first = st;
+  }
+  // The group is closed whatever happened inside it.
+  Status end = Check(nccl_->GroupEnd(), "ncclGroupEnd", tensor);
+  return first.ok() ? end : first;
+}
+
+Status DeviceClique::ReduceToHost(std::span<CudaTensor* const> parts, uint32_t dtype) {
+  CudaTensor& root = *parts[0];
+  const size_t count = root.bytes() / sparsync_dtype_size(dtype);
+  const int type = NcclDataType(dtype);
+  std::lock_guard lock(mu_);
+  for (CudaTensor* part : parts) {
+    const CudaRuntime& rt = part->rt();
+    SPARSYNC_RETURN_IF_ERROR(part->Check(rt.SetDevice(part->device()), "cudaSetDevice"));
+    SPARSYNC_RETURN_IF_ERROR(part->Check(rt.StreamWaitEvent(part->stream(), part->ready_, 0),
+                                         "waiting for the worker's ready event"));
+  }
+  if (count != 0) {
+    SPARSYNC_RETURN_IF_ERROR(Group("ncclReduce", root.name(), [&](size_t r) {
+      return nccl_->Reduce(parts[r]->data_, parts[r]->data_, count, type, kNcclSum, 0, comms_[r],
+                           parts[r]->stream());
+    }));
+  }
+  SPARSYNC_RETURN_IF_ERROR(root.Check(root.rt().SetDevice(root.device()), "cudaSetDevice"));
+  SPARSYNC_RETURN_IF_ERROR(root.EnqueueDeviceToHost());
+  return root.Synchronize();
+}
+
+Status DeviceClique::BroadcastFromHost(std::span<CudaTensor* const> parts, uint32_t dtype) {
+  CudaTensor& root = *parts[0];
+  const size_t count = root.bytes() / sparsync_dtype_size(dtype);
+  const int type = NcclDataType(dtype);
+  std::lock_guard lock(mu_);
+  const CudaRuntime& rt = root.rt();
+  SPARSYNC_RETURN_IF_ERROR(root.Check(rt.SetDevice(root.device()), "cudaSetDevice"));
+  if (count != 0) {
+    SPARSYNC_RETURN_IF_ERROR(root.Check(rt.MemcpyAsync(root.data_, root.staging_->data(),
+                                                       root.bytes(), kCudaMemcpyHostToDevice,
+                                                       root.stream()),
+                                        "copying the result to the device"));
+    SPARSYNC_RETURN_IF_ERROR(Group("ncclBroadcast", root.name(), [&](size_t r) {
+      return nccl_->Broadcast(root.data_, parts[r]->data_, count, type, 0, comms_[r],
+                              parts[r]->stream());
+    }));
+  }
+  for (CudaTensor* part : parts) {
+    SPARSYNC_RETURN_IF_ERROR(part->Check(rt.SetDevice(part->device()), "cudaSetDevice"));
+    SPARSYNC_RETURN_IF_ERROR(
+        part->Check(rt.EventRecord(part->done_, part->stream()), "recording the done event"));
+  }
+  return Status::Ok();
+}
+
+// ---- LocalNccl ----
+
+LocalNccl::LocalNccl(std::string library, bool enabled)
+    : library_(std::move(library)), enabled_(enabled) {}
+
+bool LocalNccl::Load() {
+  if (nccl_ || load_failed_) return nccl_ != nullptr;
+  std::string error;
+  nccl_ = LoadNccl(library_, &error);
+  if (!nccl_) {
+    load_failed_ = true;
+    spdlog::info("{}: the workers' CUDA tensors are summed on the host", error);
+    return false;
+  }
+  spdlog::info("local reduce across GPUs: using NCCL {} from {}", nccl_->version, nccl_->library);
+  return true;
+}
+
+Status LocalNccl::LoadExplicit() {
+  if (library_.empty() || !enabled_) return Status::Ok();
+  std::lock_guard lock(mu_);
+  std::string error;
+  nccl_ = LoadNccl(library_, &error);
+  if (!nccl_) {
+    return InvalidArgument("SPARSYNC_LIBNCCL=" + library_ + ": " + error +
+                           "; unset it to use libnccl.so.2, or set SPARSYNC_LOCAL_REDUCE=host");
+  }
+  return Status::Ok();
+}
+
+std::shared_ptr<DeviceClique> LocalNccl::CliqueFor(std::span<CudaTensor* const> parts) {
+  if (!enabled_ || parts.size() < 2) return nullptr;
+  std::vector<int> devices;
+  for (const CudaTensor* p : parts) {
+    if (p == nullptr) return nullptr;
+    for (int d : devices) {
+      if (d == p->device()) return nullptr;  // two workers on one GPU: NCCL refuses
+    }
+    devices.push_back(p->device());
+  }
+  std::lock_guard lock(mu_);
+  auto it = cliques_.find(devices);
+  if (it != cliques_.end()) return it->second;
+  if (!Load()) return nullptr;
+  std::shared_ptr<DeviceClique> clique(new DeviceClique(nccl_, devices));
+  clique->comms_.assign(devices.size(), nullptr);
+  int r = nccl_->CommInitAll(clique->comms_.data(), static_cast<int>(devices.size()),
+                             devices.data());
+  if (r != kNcclSuccess) {
+    clique->comms_.clear();
+    spdlog::warn("ncclCommInitAll on CUDA devices {}: {} ({}); their tensors are summed on the host",
+                 DeviceList(devices), nccl_->GetErrorString(r), r);
+    clique = nullptr;
+  } else {
+    spdlog::info("summing the node's CUDA tensors on devices {} with NCCL", DeviceList(devices));
+  }
+  cliques_[devices] = clique;
+  return clique;
+}
+
+}  // namespace sparsync::intake
