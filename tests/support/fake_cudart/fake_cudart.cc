@@ -559,13 +559,26 @@ static int FakeMemGetAddressRange(unsigned long long* base, size_t* size, unsign
   return 0;
 }
 
-int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned version,
-                                     unsigned long long flags, int* status) {
+// CUDA 12.5 and later hand out driver entry points by ABI version; 12.0 to 12.4 only through
+// cudaGetDriverEntryPoint. Built with SPARSYNC_FAKE_CUDART_PLAIN_ENTRY_POINT, the fake is the
+// older kind (libsparsync_fake_cudart_plain.so), so that both lookups of the loader are tested.
+static int EntryPoint(const char* symbol, void** fn, int* status) {
   bool known = std::strcmp(symbol, "cuMemGetAddressRange") == 0;
   *fn = known ? reinterpret_cast<void*>(&FakeMemGetAddressRange) : nullptr;
   if (status) *status = known ? 0 : 1;  // cudaDriverEntryPointSymbolNotFound
   return kSuccess;
 }
+
+#ifdef SPARSYNC_FAKE_CUDART_PLAIN_ENTRY_POINT
+int cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long, int* status) {
+  return EntryPoint(symbol, fn, status);
+}
+#else
+int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned, unsigned long long,
+                                     int* status) {
+  return EntryPoint(symbol, fn, status);
+}
+#endif
 
 // ---- Test-only inspection. ----
 

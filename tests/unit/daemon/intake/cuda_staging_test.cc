@@ -597,5 +597,49 @@ TEST_F(LocalReduceTest, AnExplicitLibncclThatDoesNotLoadStopsTheDaemon) {
                   .ok());
 }
 
+// ---- The run-time loaders of the CUDA runtime and NCCL. ----
+
+// cuMemGetAddressRange through either entry point, on an allocation of `lib`'s own.
+void ExpectAddressRange(const std::string& lib) {
+  std::string error;
+  std::shared_ptr<const CudaRuntime> rt = LoadCudaRuntime(lib, &error);
+  ASSERT_NE(rt, nullptr) << error;
+  ASSERT_NE(rt->MemGetAddressRange, nullptr) << lib;
+  void* handle = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  ASSERT_NE(handle, nullptr);
+  auto malloc_fn = reinterpret_cast<int (*)(void**, size_t)>(dlsym(handle, "cudaMalloc"));
+  auto free_fn = reinterpret_cast<int (*)(void*)>(dlsym(handle, "cudaFree"));
+  ASSERT_NE(malloc_fn, nullptr);
+  void* alloc = nullptr;
+  ASSERT_EQ(malloc_fn(&alloc, 4096), 0);
+  unsigned long long base = 0;
+  size_t size = 0;
+  EXPECT_EQ(rt->MemGetAddressRange(&base, &size, reinterpret_cast<uintptr_t>(alloc) + 100), 0);
+  EXPECT_EQ(base, reinterpret_cast<uintptr_t>(alloc));
+  EXPECT_EQ(size, 4096u);
+  EXPECT_EQ(free_fn(alloc), 0);
+}
+
+TEST(CudaRuntimeLoaderTest, FindsTheAddressRangeThroughEitherDriverEntryPoint) {
+  ExpectAddressRange(SPARSYNC_FAKE_CUDART);        // cudaGetDriverEntryPointByVersion (12.5+)
+  ExpectAddressRange(SPARSYNC_FAKE_CUDART_PLAIN);  // cudaGetDriverEntryPoint (12.0-12.4)
+}
+
+TEST(CudaRuntimeLoaderTest, ALibraryThatIsNoCudaRuntimeIsRefusedByName) {
+  std::string error;
+  EXPECT_EQ(LoadCudaRuntime(SPARSYNC_FAKE_NCCL, &error), nullptr);
+  EXPECT_NE(error.find("is not a usable CUDA runtime: it lacks cudaSetDevice"), std::string::npos)
+      << error;
+}
+
+TEST(LocalNcclLoaderTest, ALibraryThatIsNoNcclIsRefusedByName) {
+  LocalNccl local(SPARSYNC_FAKE_CUDART, /*enabled=*/true);
+  Status st = local.LoadExplicit();
+  EXPECT_NE(st.message().find("is not a usable NCCL: it lacks ncclGetVersion"), std::string::npos)
+      << st.message();
+  EXPECT_TRUE(LocalNccl(SPARSYNC_FAKE_NCCL, true).LoadExplicit().ok());
+  EXPECT_TRUE(LocalNccl("", true).LoadExplicit().ok());  // libnccl.so.2 is looked for when needed
+}
+
 }  // namespace
 }  // namespace sparsync::intake
