@@ -76,9 +76,10 @@ class LocalNccl {
   Status LoadExplicit();
 
   // The clique for `parts` (one per local rank) when the node's sum can be taken on the GPUs:
-  // enabled, more than one part, each on a device of its own, and NCCL at hand. Null otherwise;
-  // the first time NCCL cannot be loaded or a clique cannot be made, the log says why, and those
-  // devices are summed on the host from then on.
+  // enabled, more than one part, each on a device of its own, and NCCL at hand (the caller
+  // checks the op and SummedOnDevice). Null otherwise. The first time NCCL cannot be loaded or a
+  // clique cannot be made, the log says why, and those devices are summed on the host from then
+  // on.
   std::shared_ptr<DeviceClique> CliqueFor(std::span<CudaTensor* const> parts);
 
  private:
@@ -105,6 +106,13 @@ constexpr int NcclDataType(uint32_t dtype) {
     case SPARSYNC_UINT8: return 1;     // ncclUint8
   }
   return -1;
+}
+// Whether the local reduce takes tensors of `dtype`: those the host sums in their own type
+// (float32, float64, int32, int64). Half types and uint8 stay on the host, which accumulates them
+// in float32; NCCL would sum them in their own type (float16 overflows at 65504, uint8 wraps).
+constexpr bool SummedOnDevice(uint32_t dtype) {
+  return dtype == SPARSYNC_FLOAT32 || dtype == SPARSYNC_FLOAT64 || dtype == SPARSYNC_INT32 ||
+         dtype == SPARSYNC_INT64;
 }
 inline constexpr int kNcclSuccess = 0;  // ncclSuccess
 inline constexpr int kNcclSum = 0;      // ncclSum

@@ -203,7 +203,8 @@ void TensorTable::Stage(Staging staging) {
   std::vector<intake::CudaTensor*> cuda;
   for (const WorkerPart& part : staging.parts) cuda.push_back(part.cuda.get());
   std::shared_ptr<intake::DeviceClique> clique;
-  if (meta.op == SPARSYNC_OP_ALLREDUCE || meta.op == SPARSYNC_OP_GRADIENT) {
+  if ((meta.op == SPARSYNC_OP_ALLREDUCE || meta.op == SPARSYNC_OP_GRADIENT) &&
+      intake::SummedOnDevice(meta.dtype)) {
     clique = local_nccl_.CliqueFor(cuda);
   }
   Status st;

@@ -466,9 +466,13 @@ class LocalReduceTest : public CudaStagingTest {
   }
 
   // The same tensor from both workers, on `device0` and `device1`; both posted for round 1.
-  std::pair<DeviceTensor*, DeviceTensor*> PostBoth(int device0, int device1) {
-    DeviceTensor* a = NewTensor("fc.weight", 16, 256, 1024, 3, device0);
-    DeviceTensor* b = NewTensor("fc.weight", 16, 0, 64, 3, device1);
+  std::pair<DeviceTensor*, DeviceTensor*> PostBoth(int device0, int device1,
+                                                   uint32_t dtype = SPARSYNC_FLOAT32,
+                                                   const std::string& name = "fc.weight",
+                                                   uint32_t id = 3) {
+    DeviceTensor* a = NewTensor(name, 16, 256, 1024, id, device0);
+    DeviceTensor* b = NewTensor(name, 16, 0, 64, id, device1);
+    a->msg.dtype = b->msg.dtype = dtype;
     EXPECT_EQ(Register(a).status, SPARSYNC_OK);
     EXPECT_EQ(Register(b, nullptr, second_).status, SPARSYNC_OK);
     EXPECT_EQ(fake_.EventRecord(a->ready, nullptr), 0);
@@ -544,6 +548,20 @@ TEST_F(LocalReduceTest, TwoWorkersOnOneGpuAreSummedOnTheHost) {
   ASSERT_EQ(members.size(), 1u);
   EXPECT_EQ(members[0].clique, nullptr);
   EXPECT_EQ(members[0].num_inputs(), 2u);
+}
+
+TEST_F(LocalReduceTest, HalfPrecisionAndBytesAreSummedOnTheHostInFloat32) {
+  UseTwoWorkers(SPARSYNC_FAKE_NCCL);
+  const uint32_t dtypes[] = {SPARSYNC_FLOAT16, SPARSYNC_BFLOAT16, SPARSYNC_UINT8};
+  for (uint32_t i = 0; i < 3; ++i) {
+    const std::string name = "t" + std::to_string(i);
+    PostBoth(0, 1, dtypes[i], name, 10 + i);
+    ASSERT_EQ(WaitNotices(i + 1), i + 1);
+    std::vector<GroupMember> members = Resolve(name, 20 + i);
+    ASSERT_EQ(members.size(), 1u);
+    EXPECT_EQ(members[0].clique, nullptr) << "dtype " << dtypes[i];
+  }
+  EXPECT_EQ(nccl_.TakeJournal(), "");
 }
 
 TEST_F(LocalReduceTest, LocalReduceHostKeepsNcclOut) {
