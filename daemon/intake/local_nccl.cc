@@ -173,12 +173,23 @@ std::shared_ptr<DeviceClique> LocalNccl::CliqueFor(std::span<CudaTensor* const> 
   std::vector<int> devices;
   for (const CudaTensor* p : parts) {
     if (p == nullptr) return nullptr;
-    for (int d : devices) {
-      if (d == p->device()) return nullptr;  // two workers on one GPU: NCCL refuses
-    }
     devices.push_back(p->device());
   }
   std::lock_guard lock(mu_);
+  for (size_t r = 1; r < devices.size(); ++r) {
+    for (size_t q = 0; q < r; ++q) {
+      if (devices[q] != devices[r]) continue;
+      // Two workers on one GPU: NCCL takes one rank per device.
+      if (!warned_shared_device_) {
+        warned_shared_device_ = true;
+        spdlog::info("local ranks {} and {} both train on CUDA device {}: the node's CUDA tensors "
+                     "are summed on the host (give each worker a GPU of its own to sum them "
+                     "with NCCL)",
+                     q, r, devices[r]);
+      }
+      return nullptr;
+    }
+  }
   auto it = cliques_.find(devices);
   if (it != cliques_.end()) return it->second;
   if (!Load()) return nullptr;

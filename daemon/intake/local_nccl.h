@@ -91,6 +91,7 @@ class LocalNccl {
   std::mutex mu_;
   std::shared_ptr<const NcclLibrary> nccl_;
   bool load_failed_ = false;
+  bool warned_shared_device_ = false;
   std::map<std::vector<int>, std::shared_ptr<DeviceClique>> cliques_;  // null: failed to make
 };
 
