@@ -13,7 +13,11 @@
 # 2. Without a usable GPU it says so on a line starting "NO GPU:" and exits 3 after the build.
 # 3. Runs kernels_cuda_test (every kernel against the reference oracles), then, when
 #    compute-sanitizer is installed, its memcheck over the small tests.
-# 4. Runs kernels_cuda_bench (1 M, 25 M, 100 M float32 at density 0.001 and 0.01) and
+# 4. Builds tests/gpu/ipc on its own and runs cuda_ipc_check: a worker process and a daemon
+#    process pass a 25 M float32 tensor through the CUDA IPC intake (CudaBuffer, CudaStaging) on
+#    the real runtime, 3 rounds, every value checked, and print the staging copies' bandwidth.
+#    spdlog and fmt come header-only from build-gpu-deps/include if the machine lacks them.
+# 5. Runs kernels_cuda_bench (1 M, 25 M, 100 M float32 at density 0.001 and 0.01) and
 #    tests/gpu/torch_baseline.py, which times the torch equivalents on the same GPU and prints the
 #    table: kernel, size, density, our ms, torch ms, speed-up, bound ms, ratio to bound.
 # Logs and the table go to $BUILD_DIR/device_check/ and, when $OUT is set (the device tool), to
@@ -158,6 +162,34 @@ if [[ -x "$test_bin" ]]; then
 else
   status=1
   echo "kernels_cuda_test: not built"
+fi
+
+say "CUDA IPC intake: cuda_ipc_check (a worker and a daemon process, the real runtime)"
+ipc_build="$build-ipc"
+ipc_cmake=(-S tests/gpu/ipc -B "$ipc_build" -G Ninja -DCMAKE_BUILD_TYPE=Release)
+[[ -d "$repo/build-gpu-deps/include/spdlog" ]] &&
+  ipc_cmake+=(-DSPARSYNC_DEPS_INCLUDE="$repo/build-gpu-deps/include")
+cudart=${SPARSYNC_CUDART:-}
+if [[ -z "$cudart" ]]; then  # the toolkit's runtime; else the loader's own search
+  cuda_home=$(dirname "$(dirname "$(command -v nvcc)")")
+  for candidate in "$cuda_home"/lib64/libcudart.so "$cuda_home"/targets/*/lib/libcudart.so; do
+    [[ -z "$cudart" && -e "$candidate" ]] && cudart=$candidate
+  done
+fi
+if cmake "${ipc_cmake[@]}" >"$logs/ipc_build.log" 2>&1 &&
+   cmake --build "$ipc_build" -j"$jobs" >>"$logs/ipc_build.log" 2>&1; then
+  if timeout "$(step_timeout 90 150)" "$ipc_build/cuda_ipc_check" ${cudart:+--cudart "$cudart"} \
+      --elements $((25 << 20)) --rounds 3 >"$logs/ipc.log" 2>&1; then
+    grep "cuda_ipc_check:" "$logs/ipc.log" | tail -1
+  else
+    status=1
+    tail -20 "$logs/ipc.log"
+    echo "cuda_ipc_check: FAILED (log: $logs/ipc.log)"
+  fi
+else
+  status=1
+  grep -E "error|Error" "$logs/ipc_build.log" | head -20
+  echo "cuda_ipc_check: build FAILED (log: $logs/ipc_build.log)"
 fi
 
 say "benchmark: kernels_cuda_bench"
