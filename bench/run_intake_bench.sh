@@ -7,7 +7,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$repo/build}
 dir=$(mktemp -d)
 trap 'kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; rm -rf "$dir"' EXIT
-export SPARSYNC_SOCKET=$dir/d.sock SPARSYNC_JOB_TOKEN=bench SPARSYNC_LOG_LEVEL=warn
+export SPARSYNC_SOCKET=$dir/d.sock SPARSYNC_JOB_TOKEN=bench SPARSYNC_LOG_LEVEL=warn SPARSYNC_COMPRESSOR=none
 "$build/daemon/sparsyncd" &
 daemon=$!
 for _ in $(seq 100); do [[ -S $SPARSYNC_SOCKET ]] && break; sleep 0.05; done

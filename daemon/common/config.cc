@@ -136,7 +136,7 @@ std::vector<Setting> Settings() {
         c->job_token = v;
         return Status::Ok();
       });
-  add("compressor", "SPARSYNC_COMPRESSOR", "none",
+  add("compressor", "SPARSYNC_COMPRESSOR", "topk",
       "gradient compressor: none, topk, randomk, threshold, gaussiank, wangni, dgc or gtopk",
       [](const Setting& st, const std::string& v, Config* c) {
         for (Compressor k : {Compressor::kNone, Compressor::kTopK, Compressor::kRandomK,

@@ -40,7 +40,7 @@ struct Config {
   std::string listen = "127.0.0.1";     // address this daemon binds for peers
   std::string socket_path;              // control socket; default per-user runtime dir
   std::string job_token;
-  Compressor compressor = Compressor::kNone;
+  Compressor compressor = Compressor::kTopK;
   double density = 0.001;               // fraction of elements sent (rho)
   double threshold = 0;                 // threshold compressor: fixed tau; 0 = sampled quantile
   int error_feedback = -1;              // -1: the compressor's default (see ErrorFeedback())

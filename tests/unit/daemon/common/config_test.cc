@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <regex>
+#include <string>
+
 namespace sparsync {
 namespace {
 
@@ -20,6 +24,52 @@ TEST(ConfigTest, DefaultsWithoutFlagsOrEnvironment) {
   EXPECT_EQ(p.config.timeout_s, 300);
   EXPECT_EQ(p.config.stall_warn_s, 60);
   EXPECT_EQ(p.config.socket_path, "/run/user/7/sparsync/sparsyncd.sock");
+  // Sparse by default: top-k at density 0.001 with error feedback, as OMGS-SGD runs it.
+  EXPECT_EQ(p.config.compressor, Compressor::kTopK);
+  EXPECT_EQ(p.config.density, 0.001);
+  EXPECT_TRUE(p.config.ErrorFeedback());
+  EXPECT_EQ(p.config.local_nccl, true);
+}
+
+// --help states each default; setting every variable to the value it states must change nothing.
+TEST(ConfigTest, TheDefaultsHelpStatesAreTheDefaults) {
+  ParsedConfig help = Parse({"--help"});
+  const std::regex stated(R"(\[env (SPARSYNC_[A-Z0-9_]+), default ([^\]]*)\])");
+  std::map<std::string, std::string> env{{"XDG_RUNTIME_DIR", "/run/user/7"}};
+  for (std::sregex_iterator it(help.message.begin(), help.message.end(), stated), end; it != end;
+       ++it) {
+    const std::string var = (*it)[1];
+    if (var == "SPARSYNC_SOCKET" || var == "SPARSYNC_JOB_TOKEN") continue;  // described in words
+    env[var] = (*it)[2];
+  }
+  ASSERT_GE(env.size(), 28u) << help.message;
+  ParsedConfig given = Parse({}, env);
+  ASSERT_FALSE(given.exit) << given.message;
+  const Config& a = given.config;
+  const Config b = Parse({}, {{"XDG_RUNTIME_DIR", "/run/user/7"}}).config;
+  EXPECT_EQ(a.Describe(), b.Describe());
+  EXPECT_EQ(a.compressor, b.compressor);
+  EXPECT_EQ(a.density, b.density);
+  EXPECT_EQ(a.threshold, b.threshold);
+  EXPECT_EQ(a.error_feedback, b.error_feedback);
+  EXPECT_EQ(a.value_dtype, b.value_dtype);
+  EXPECT_EQ(a.index_coding, b.index_coding);
+  EXPECT_EQ(a.min_compress_bytes, b.min_compress_bytes);
+  EXPECT_EQ(a.nonfinite, b.nonfinite);
+  EXPECT_EQ(a.seed, b.seed);
+  EXPECT_EQ(a.merge.planners, b.merge.planners);
+  EXPECT_EQ(a.merge.warmup_steps, b.merge.warmup_steps);
+  EXPECT_EQ(a.merge.replan_drift, b.merge.replan_drift);
+  EXPECT_EQ(a.merge.replan_steps, b.merge.replan_steps);
+  EXPECT_EQ(a.merge.calibrate, b.merge.calibrate);
+  EXPECT_EQ(a.transport, b.transport);
+  EXPECT_EQ(a.timeout_s, b.timeout_s);
+  EXPECT_EQ(a.stall_warn_s, b.stall_warn_s);
+  EXPECT_EQ(a.cycle_ms, b.cycle_ms);
+  EXPECT_EQ(a.log_level, b.log_level);
+  EXPECT_EQ(a.cudart, b.cudart);
+  EXPECT_EQ(a.local_nccl, b.local_nccl);
+  EXPECT_EQ(a.libnccl, b.libnccl);
 }
 
 TEST(ConfigTest, EnvironmentOverridesDefaultsAndFlagsOverrideEnvironment) {
