@@ -58,27 +58,38 @@ Status CudaTensor::Check(CudaError error, const std::string& what) const {
       what + " for tensor '" + name_ + "' on CUDA device " + std::to_string(stream_->device));
 }
 
-Status CudaTensor::EnqueueCopyToHost() {
-  const CudaRuntime& rt = *stream_->rt;
-  CudaStream s = stream_->stream;
-  SPARSYNC_RETURN_IF_ERROR(Check(rt.SetDevice(stream_->device), "cudaSetDevice"));
-  SPARSYNC_RETURN_IF_ERROR(
-      Check(rt.StreamWaitEvent(s, ready_, 0), "waiting for the worker's ready event"));
-  return EnqueueDeviceToHost();
+Status CudaTensor::EnqueueWaitReady() {
+  return Check(rt().StreamWaitEvent(stream_->stream, ready_, 0),
+               "waiting for the worker's ready event");
 }
 
 Status CudaTensor::EnqueueDeviceToHost() {
-  // REQUIRES: the current device is device().
   if (bytes_ == 0) return Status::Ok();
   return Check(rt().MemcpyAsync(staging_->data(), data_, bytes_, kCudaMemcpyDeviceToHost,
                                 stream_->stream),
                "copying the tensor from the device");
 }
 
+Status CudaTensor::EnqueueHostToDevice() {
+  if (bytes_ == 0) return Status::Ok();
+  return Check(rt().MemcpyAsync(data_, staging_->data(), bytes_, kCudaMemcpyHostToDevice,
+                                stream_->stream),
+               "copying the result to the device");
+}
+
+Status CudaTensor::EnqueueRecordDone() {
+  return Check(rt().EventRecord(done_, stream_->stream), "recording the done event");
+}
+
+Status CudaTensor::EnqueueCopyToHost() {
+  SPARSYNC_RETURN_IF_ERROR(Check(rt().SetDevice(stream_->device), "cudaSetDevice"));
+  SPARSYNC_RETURN_IF_ERROR(EnqueueWaitReady());
+  return EnqueueDeviceToHost();
+}
+
 Status CudaTensor::Synchronize() {
-  const CudaRuntime& rt = *stream_->rt;
-  SPARSYNC_RETURN_IF_ERROR(Check(rt.SetDevice(stream_->device), "cudaSetDevice"));
-  return Check(rt.StreamSynchronize(stream_->stream), "copying the tensor from the device");
+  SPARSYNC_RETURN_IF_ERROR(Check(rt().SetDevice(stream_->device), "cudaSetDevice"));
+  return Check(rt().StreamSynchronize(stream_->stream), "copying the tensor from the device");
 }
 
 Status CudaTensor::CopyToHost() {
@@ -87,15 +98,9 @@ Status CudaTensor::CopyToHost() {
 }
 
 Status CudaTensor::CopyToDevice() {
-  const CudaRuntime& rt = *stream_->rt;
-  CudaStream s = stream_->stream;
-  SPARSYNC_RETURN_IF_ERROR(Check(rt.SetDevice(stream_->device), "cudaSetDevice"));
-  if (bytes_ != 0) {
-    SPARSYNC_RETURN_IF_ERROR(
-        Check(rt.MemcpyAsync(data_, staging_->data(), bytes_, kCudaMemcpyHostToDevice, s),
-              "copying the result to the device"));
-  }
-  return Check(rt.EventRecord(done_, s), "recording the done event");
+  SPARSYNC_RETURN_IF_ERROR(Check(rt().SetDevice(stream_->device), "cudaSetDevice"));
+  SPARSYNC_RETURN_IF_ERROR(EnqueueHostToDevice());
+  return EnqueueRecordDone();
 }
 
 Result<std::shared_ptr<DeviceStream>> CudaStaging::StreamFor(int device, const std::string& name) {

@@ -75,8 +75,12 @@ class CudaTensor {
   Status Check(CudaError error, const std::string& what) const;
   CudaStream stream() const;
   const CudaRuntime& rt() const;
-  // The copy to the staging alone, queued on the stream.
-  Status EnqueueDeviceToHost();
+  // The halves of the copies above, each queued on the stream, for DeviceClique's collectives
+  // to go between. REQUIRES: the current device is device().
+  Status EnqueueWaitReady();     // the stream waits for the worker's ready event
+  Status EnqueueDeviceToHost();  // buffer -> staging
+  Status EnqueueHostToDevice();  // staging -> buffer
+  Status EnqueueRecordDone();    // the done event, after everything queued so far
 
   std::shared_ptr<DeviceStream> stream_;
   const std::string name_;

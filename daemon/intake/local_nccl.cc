@@ -91,25 +91,31 @@ Status DeviceClique::Group(const char* name, const std::string& tensor, Call cal
   return first.ok() ? end : first;
 }
 
+template <typename Step>
+Status DeviceClique::ForEachDevice(std::span<CudaTensor* const> parts, Step step) {
+  for (CudaTensor* part : parts) {
+    SPARSYNC_RETURN_IF_ERROR(part->Check(part->rt().SetDevice(part->device()), "cudaSetDevice"));
+    SPARSYNC_RETURN_IF_ERROR(step(*part));
+  }
+  return Status::Ok();
+}
+
 Status DeviceClique::ReduceToHost(std::span<CudaTensor* const> parts, uint32_t dtype) {
   CudaTensor& root = *parts[0];
   const size_t count = root.bytes() / sparsync_dtype_size(dtype);
   const int type = NcclDataType(dtype);
   std::lock_guard lock(mu_);
-  for (CudaTensor* part : parts) {
-    const CudaRuntime& rt = part->rt();
-    SPARSYNC_RETURN_IF_ERROR(part->Check(rt.SetDevice(part->device()), "cudaSetDevice"));
-    SPARSYNC_RETURN_IF_ERROR(part->Check(rt.StreamWaitEvent(part->stream(), part->ready_, 0),
-                                         "waiting for the worker's ready event"));
-  }
+  SPARSYNC_RETURN_IF_ERROR(
+      ForEachDevice(parts, [](CudaTensor& p) { return p.EnqueueWaitReady(); }));
   if (count != 0) {
     SPARSYNC_RETURN_IF_ERROR(Group("ncclReduce", root.name(), [&](size_t r) {
       return nccl_->Reduce(parts[r]->data_, parts[r]->data_, count, type, kNcclSum, 0, comms_[r],
                            parts[r]->stream());
     }));
   }
-  SPARSYNC_RETURN_IF_ERROR(root.Check(root.rt().SetDevice(root.device()), "cudaSetDevice"));
-  SPARSYNC_RETURN_IF_ERROR(root.EnqueueDeviceToHost());
+  SPARSYNC_RETURN_IF_ERROR(ForEachDevice(parts.first(1), [](CudaTensor& p) {
+    return p.EnqueueDeviceToHost();
+  }));
   return root.Synchronize();
 }
 
@@ -118,24 +124,16 @@ Status DeviceClique::BroadcastFromHost(std::span<CudaTensor* const> parts, uint3
   const size_t count = root.bytes() / sparsync_dtype_size(dtype);
   const int type = NcclDataType(dtype);
   std::lock_guard lock(mu_);
-  const CudaRuntime& rt = root.rt();
-  SPARSYNC_RETURN_IF_ERROR(root.Check(rt.SetDevice(root.device()), "cudaSetDevice"));
   if (count != 0) {
-    SPARSYNC_RETURN_IF_ERROR(root.Check(rt.MemcpyAsync(root.data_, root.staging_->data(),
-                                                       root.bytes(), kCudaMemcpyHostToDevice,
-                                                       root.stream()),
-                                        "copying the result to the device"));
+    SPARSYNC_RETURN_IF_ERROR(ForEachDevice(parts.first(1), [](CudaTensor& p) {
+      return p.EnqueueHostToDevice();
+    }));
     SPARSYNC_RETURN_IF_ERROR(Group("ncclBroadcast", root.name(), [&](size_t r) {
       return nccl_->Broadcast(root.data_, parts[r]->data_, count, type, 0, comms_[r],
                               parts[r]->stream());
     }));
   }
-  for (CudaTensor* part : parts) {
-    SPARSYNC_RETURN_IF_ERROR(part->Check(rt.SetDevice(part->device()), "cudaSetDevice"));
-    SPARSYNC_RETURN_IF_ERROR(
-        part->Check(rt.EventRecord(part->done_, part->stream()), "recording the done event"));
-  }
-  return Status::Ok();
+  return ForEachDevice(parts, [](CudaTensor& p) { return p.EnqueueRecordDone(); });
 }
 
 // ---- LocalNccl ----
@@ -199,8 +197,9 @@ std::shared_ptr<DeviceClique> LocalNccl::CliqueFor(std::span<CudaTensor* const> 
                              devices.data());
   if (r != kNcclSuccess) {
     clique->comms_.clear();
-    spdlog::warn("ncclCommInitAll on CUDA devices {}: {} ({}); their tensors are summed on the host",
-                 DeviceList(devices), nccl_->GetErrorString(r), r);
+    spdlog::warn(
+        "ncclCommInitAll on CUDA devices {}: {} ({}); their tensors are summed on the host",
+        DeviceList(devices), nccl_->GetErrorString(r), r);
     clique = nullptr;
   } else {
     spdlog::info("summing the node's CUDA tensors on devices {} with NCCL", DeviceList(devices));

@@ -59,6 +59,9 @@ class DeviceClique {
   // in one NCCL group.
   template <typename Call>
   Status Group(const char* name, const std::string& tensor, Call call);
+  // `step` on each part's stream, with that part's device current.
+  template <typename Step>
+  Status ForEachDevice(std::span<CudaTensor* const> parts, Step step);
 
   const std::shared_ptr<const NcclLibrary> nccl_;
   const std::vector<int> devices_;
