@@ -106,6 +106,16 @@ Status Daemon::Start() {
     spdlog::info("measured cost model: {}", cost->ToString());
     if (core_) core_->SetCostModel(*cost);
   }
+  pipeline::CudaOptions cuda{config_.cudart, config_.local_nccl, config_.libnccl, nullptr};
+  std::shared_ptr<pipeline::DeviceSparse> device_sparse;
+  if (config_.device_sparsify) {
+    device_sparse = std::make_shared<pipeline::DeviceSparse>(config_.sparsify_library);
+    SPARSYNC_RETURN_IF_ERROR(device_sparse->LoadExplicit());
+    cuda.keep_on_device = [device_sparse, config = config_](const negotiation::TensorMeta& meta) {
+      auto tensor = pipeline::TensorConfig(config, meta.compressor, meta.density);
+      return tensor.ok() && pipeline::SelectsOnDevice(*tensor) && device_sparse->Available();
+    };
+  }
   // The table reports to the agent, which is built next; neither is used before intake starts.
   table_ = std::make_unique<pipeline::TensorTable>(
       world, config_.job_token,
@@ -113,7 +123,7 @@ Status Daemon::Start() {
         agent_->Report({std::move(n.meta), n.slot, std::move(n.worker_dim0), n.ready_ns});
       },
       [this](const Status& error) { agent_->Fail(error); },
-      pipeline::CudaOptions{config_.cudart, config_.local_nccl, config_.libnccl});
+      std::move(cuda));
   SPARSYNC_RETURN_IF_ERROR(table_->LoadExplicitLibraries());
   agent_ = std::make_unique<negotiation::NodeAgent>(
       link_, config_.node_rank, /*direct=*/core_ != nullptr,
@@ -126,6 +136,7 @@ Status Daemon::Start() {
     if (!probe.ok()) return probe.status();
   }
   pipeline::ExecutorOptions executor_options;
+  executor_options.device_sparse = std::move(device_sparse);
   if (core_ && config_.merge.calibrate) {
     // Node 0's own group costs keep the planner's model current while the job trains.
     negotiation::CoordinatorCore* core = core_.get();

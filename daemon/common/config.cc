@@ -322,6 +322,21 @@ std::vector<Setting> Settings() {
         c->libnccl = v;
         return Status::Ok();
       });
+  add("device-sparsify", "SPARSYNC_DEVICE_SPARSIFY", "auto",
+      "where a node sparsifies its CUDA gradients: auto (top-k on the GPU that holds the node's "
+      "sum, when the CUDA sparsification library loads, else on the host) or host",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v != "auto" && v != "host") return Reject(st, v, "accepted values: auto, host");
+        c->device_sparsify = v == "auto";
+        return Status::Ok();
+      });
+  add("sparsify-library", "SPARSYNC_SPARSIFY_LIBRARY", "",
+      "the CUDA sparsification library (empty: libsparsync_sparsify_cuda.so beside the daemon's "
+      "executable; a file named here must load, or the daemon does not start)",
+      [](const Setting&, const std::string& v, Config* c) {
+        c->sparsify_library = v;
+        return Status::Ok();
+      });
   add("timeout-s", "SPARSYNC_TIMEOUT_S", "300",
       "seconds before a missing peer or tensor fails the step on every node",
       [](const Setting& st, const std::string& v, Config* c) {

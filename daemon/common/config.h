@@ -58,6 +58,8 @@ struct Config {
   std::string cudart;                   // CUDA runtime for the CUDA IPC intake; "": search
   bool local_nccl = true;               // SPARSYNC_LOCAL_REDUCE=auto: NCCL across the node's GPUs
   std::string libnccl;                  // NCCL for the local reduce; "": libnccl.so.2
+  bool device_sparsify = true;          // SPARSYNC_DEVICE_SPARSIFY=auto: top-k on the GPU
+  std::string sparsify_library;         // the CUDA sparsification library; "": beside the daemon
 
   // Whether residuals are kept: on by default for the biased compressors, off for Wangni's
   // unbiased one and for DGC (which accumulates in its own state).

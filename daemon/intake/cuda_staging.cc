@@ -52,6 +52,8 @@ CudaStream CudaTensor::stream() const { return stream_->stream; }
 
 const CudaRuntime& CudaTensor::rt() const { return *stream_->rt; }
 
+std::shared_ptr<const CudaRuntime> CudaTensor::runtime() const { return stream_->rt; }
+
 Status CudaTensor::Check(CudaError error, const std::string& what) const {
   return FromCuda(
       *stream_->rt, error,

@@ -9,9 +9,9 @@
 //          devices (local_nccl.h) and only the sum is copied;
 //   done:  staging -> device on the same stream, then the "done" event is recorded on it; the
 //          worker's stream waits on that event (CudaTensor::CopyToDevice).
-// TODO(issue 5): reduce on the device (GPU sparsifiers, NCCL between nodes on device pointers)
-// instead of staging the node's sum through host memory; this needs the executor to take device
-// buffers.
+// Gradients that the daemon sparsifies on the device (pipeline/device_sparse.h) skip the copy
+// to the host: the node's sum stays in local rank 0's buffer and only the selected pairs cross.
+// TODO(issue 5): dense groups on the device (NCCL between nodes on device pointers).
 //
 // With local_nccl.cc, the files of the daemon where CUDA runtime errors become Status values.
 #pragma once
@@ -63,6 +63,19 @@ class CudaTensor {
   const std::string& name() const { return name_; }
   bool pinned() const { return pinned_; }
 
+  // For work on the worker's buffer itself (the device sparse path, pipeline/device_sparse.h):
+  // the buffer, the device's stream (work queued there is ordered with this tensor's copies)
+  // and the runtime. Callers make device() current first.
+  void* data() const { return data_; }
+  CudaStream stream() const;
+  const CudaRuntime& rt() const;
+  std::shared_ptr<const CudaRuntime> runtime() const;
+  Status Check(CudaError error, const std::string& what) const;
+  // The stream waits for the worker's ready event / records the done event after everything
+  // queued so far. REQUIRES: the current device is device().
+  Status EnqueueWaitReady();
+  Status EnqueueRecordDone();
+
  private:
   friend class CudaStaging;
   friend class DeviceClique;
@@ -72,15 +85,10 @@ class CudaTensor {
         name_(std::move(name)),
         staging_(std::move(staging)),
         bytes_(bytes) {}
-  Status Check(CudaError error, const std::string& what) const;
-  CudaStream stream() const;
-  const CudaRuntime& rt() const;
   // The halves of the copies above, each queued on the stream, for DeviceClique's collectives
   // to go between. REQUIRES: the current device is device().
-  Status EnqueueWaitReady();     // the stream waits for the worker's ready event
   Status EnqueueDeviceToHost();  // buffer -> staging
   Status EnqueueHostToDevice();  // staging -> buffer
-  Status EnqueueRecordDone();    // the done event, after everything queued so far
 
   std::shared_ptr<DeviceStream> stream_;
   const std::string name_;

@@ -100,40 +100,48 @@ Status DeviceClique::ForEachDevice(std::span<CudaTensor* const> parts, Step step
   return Status::Ok();
 }
 
-Status DeviceClique::ReduceToHost(std::span<CudaTensor* const> parts, uint32_t dtype) {
+Status DeviceClique::ReduceOnDevice(std::span<CudaTensor* const> parts, uint32_t dtype) {
   CudaTensor& root = *parts[0];
   const size_t count = root.bytes() / sparsync_dtype_size(dtype);
   const int type = NcclDataType(dtype);
   std::lock_guard lock(mu_);
   SPARSYNC_RETURN_IF_ERROR(
       ForEachDevice(parts, [](CudaTensor& p) { return p.EnqueueWaitReady(); }));
-  if (count != 0) {
-    SPARSYNC_RETURN_IF_ERROR(Group("ncclReduce", root.name(), [&](size_t r) {
-      return nccl_->Reduce(parts[r]->data_, parts[r]->data_, count, type, kNcclSum, 0, comms_[r],
-                           parts[r]->stream());
-    }));
-  }
+  if (count == 0) return Status::Ok();
+  return Group("ncclReduce", root.name(), [&](size_t r) {
+    return nccl_->Reduce(parts[r]->data_, parts[r]->data_, count, type, kNcclSum, 0, comms_[r],
+                         parts[r]->stream());
+  });
+}
+
+Status DeviceClique::ReduceToHost(std::span<CudaTensor* const> parts, uint32_t dtype) {
+  SPARSYNC_RETURN_IF_ERROR(ReduceOnDevice(parts, dtype));
+  // In stream order after the reduce: the copy needs no lock.
   SPARSYNC_RETURN_IF_ERROR(ForEachDevice(parts.first(1), [](CudaTensor& p) {
     return p.EnqueueDeviceToHost();
   }));
-  return root.Synchronize();
+  return parts[0]->Synchronize();
 }
 
-Status DeviceClique::BroadcastFromHost(std::span<CudaTensor* const> parts, uint32_t dtype) {
+Status DeviceClique::BroadcastFromDevice(std::span<CudaTensor* const> parts, uint32_t dtype) {
   CudaTensor& root = *parts[0];
   const size_t count = root.bytes() / sparsync_dtype_size(dtype);
   const int type = NcclDataType(dtype);
   std::lock_guard lock(mu_);
   if (count != 0) {
-    SPARSYNC_RETURN_IF_ERROR(ForEachDevice(parts.first(1), [](CudaTensor& p) {
-      return p.EnqueueHostToDevice();
-    }));
     SPARSYNC_RETURN_IF_ERROR(Group("ncclBroadcast", root.name(), [&](size_t r) {
       return nccl_->Broadcast(root.data_, parts[r]->data_, count, type, 0, comms_[r],
                               parts[r]->stream());
     }));
   }
   return ForEachDevice(parts, [](CudaTensor& p) { return p.EnqueueRecordDone(); });
+}
+
+Status DeviceClique::BroadcastFromHost(std::span<CudaTensor* const> parts, uint32_t dtype) {
+  SPARSYNC_RETURN_IF_ERROR(ForEachDevice(parts.first(1), [](CudaTensor& p) {
+    return p.EnqueueHostToDevice();
+  }));
+  return BroadcastFromDevice(parts, dtype);
 }
 
 // ---- LocalNccl ----

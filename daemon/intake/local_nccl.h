@@ -43,9 +43,15 @@ class DeviceClique {
   DeviceClique& operator=(const DeviceClique&) = delete;
 
   // `parts`: one tensor per local rank, on the clique's devices in order, alike in size.
-  // Blocks until the node's sum is in parts[0]'s staging.
+  // Sums every part into parts[0]'s buffer, after each worker's ready event; queued on the
+  // devices' streams, does not block.
+  [[nodiscard]] Status ReduceOnDevice(std::span<CudaTensor* const> parts, uint32_t dtype);
+  // ReduceOnDevice, then copies the sum to parts[0]'s staging. Blocks until it is there.
   [[nodiscard]] Status ReduceToHost(std::span<CudaTensor* const> parts, uint32_t dtype);
-  // Does not block: the workers' streams wait on the done events.
+  // parts[0]'s buffer to every other part, then every part's done event. Does not block: the
+  // workers' streams wait on the done events.
+  [[nodiscard]] Status BroadcastFromDevice(std::span<CudaTensor* const> parts, uint32_t dtype);
+  // parts[0]'s staging to its buffer, then BroadcastFromDevice.
   [[nodiscard]] Status BroadcastFromHost(std::span<CudaTensor* const> parts, uint32_t dtype);
 
   const std::vector<int>& devices() const { return devices_; }

@@ -32,7 +32,8 @@ struct Executor::Slot {
     kBroadcast,  // BROADCAST, all in stage B
     kInPlace,    // dense, one tensor of one worker reduced in its own buffer in stage B
     kDense,      // dense, the local sum in `fusion`
-    kSparse,     // sparse, the local sum in `fusion` and its selection in `prepared`
+    kSparse,     // sparse, the local sum in `fusion` (or on the device: `on_device`) and its
+                 // selection in `prepared`
   };
   Kind kind = Kind::kError;
   uint64_t seq = 0;
@@ -45,6 +46,8 @@ struct Executor::Slot {
   std::vector<GroupSlice> slices;  // kSparse; names point into `members`
   SparseReducer* sparse = nullptr;
   PreparedGroup prepared;
+  bool on_device = false;  // kSparse on the GPU: the group is in `device`, not `fusion`
+  std::unique_ptr<DeviceSparse::Scratch> device;
   std::chrono::steady_clock::time_point started;
   GroupCost cost;  // sparsify_s filled by stage A, the rest by B
 };
@@ -144,6 +147,7 @@ void Executor::Prepare(const negotiation::ScheduleEntry& entry, Slot* slot) {
   slot->kind = Slot::Kind::kError;
   slot->error = Status::Ok();
   slot->sparse = nullptr;
+  slot->on_device = false;
   slot->slices.clear();
   slot->cost = {};
   slot->cost.plan_version = entry.plan_version;
@@ -194,6 +198,32 @@ Status Executor::PrepareReduce(Slot* slot) {
     SPARSYNC_ASSIGN_OR_RETURN(sparse, sparse_->For(first.meta.compressor, first.meta.density));
   }
 
+  auto slice_members = [&] {
+    size_t offset = 0;
+    for (const GroupMember& m : members) {
+      size_t count = static_cast<size_t>(m.meta.NumElements());
+      slot->slices.push_back({&m.meta.name, offset, count});
+      offset += count;
+    }
+  };
+  DeviceSparse* device = options_.device_sparse.get();
+  if (sparse && device && sparse->SelectsOnDevice() && DeviceSparse::Takes(members)) {
+    slice_members();
+    if (!slot->device) slot->device = std::make_unique<DeviceSparse::Scratch>();
+    bool fall_back = false;
+    Status st = device->Select(members, slot->slices, sparse, slot->device.get(), &slot->prepared,
+                               &fall_back);
+    if (!fall_back) {
+      slot->kind = Slot::Kind::kSparse;
+      slot->sparse = sparse;
+      slot->on_device = true;
+      return st;
+    }
+    slot->slices.clear();
+  }
+  // The host path: members whose sum was left on the device come to the host first.
+  for (GroupMember& m : members) SPARSYNC_RETURN_IF_ERROR(StageToHost(m));
+
   // One tensor, one worker, a dtype that is its own accumulator: stage B reduces the worker's
   // buffer in place, without staging.
   if (!sparse && members.size() == 1 && world_.local_size == 1 && AccumulatesInPlace(dtype)) {
@@ -217,12 +247,9 @@ Status Executor::PrepareReduce(Slot* slot) {
     slot->kind = Slot::Kind::kDense;
     return Status::Ok();
   }
-  offset = 0;
-  for (const GroupMember& m : members) {
-    size_t count = static_cast<size_t>(m.meta.NumElements());
-    slot->slices.push_back({&m.meta.name, offset, count});
-    offset += count;
-  }
+  slice_members();
+  // Residuals some of these tensors left on a GPU join the host's.
+  if (device) SPARSYNC_RETURN_IF_ERROR(device->MoveResidualsToHost(slot->slices, sparse));
   slot->kind = Slot::Kind::kSparse;
   slot->sparse = sparse;
   std::span<const float> group(reinterpret_cast<const float*>(slot->fusion.data()), total);
@@ -298,6 +325,10 @@ Status Executor::ExchangeReduce(Slot* slot) {
     SPARSYNC_RETURN_IF_ERROR(transport_->AllReduceSum(data, slot->total, acc_type, tag_++));
     DivideInPlace(data, slot->total, slot->divisor, dtype);
     return Status::Ok();
+  }
+  if (slot->on_device) {
+    return options_.device_sparse->Finish(slot->members, slot->slices, slot->sparse,
+                                          slot->device.get(), slot->prepared, slot->divisor, &tag_);
   }
   double write_divisor = slot->divisor;
   if (slot->kind == Slot::Kind::kSparse) {

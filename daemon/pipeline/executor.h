@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/pipeline/device_sparse.h"
 #include "daemon/pipeline/sparse_reducer.h"
 #include "daemon/pipeline/tensor_table.h"
 #include "daemon/transport/transport.h"
@@ -61,6 +62,8 @@ struct ExecutorOptions {
   std::function<void(uint64_t seq)> on_exchange;
   // Called on stage B's thread after the DONE messages of every reduced gradient group.
   std::function<void(const GroupCost&)> on_group_cost;
+  // Top-k on the GPU for groups whose node sum was left there (device_sparse.h); null: none.
+  std::shared_ptr<DeviceSparse> device_sparse;
 };
 
 class Executor {

@@ -43,6 +43,14 @@ const std::string& SliceName(std::span<const GroupSlice> slices, int64_t element
   return *slices.back().name;
 }
 
+Status NonFiniteStatus(std::span<const GroupSlice> slices, int64_t element, float value,
+                       int node_rank) {
+  return InvalidArgument("tensor '" + SliceName(slices, element) +
+                         "' holds a non-finite gradient (" + std::to_string(value) + ") on node " +
+                         std::to_string(node_rank) +
+                         "; set SPARSYNC_NONFINITE=skip to drop such steps instead");
+}
+
 struct SizeRecord {
   uint64_t payload_bytes;
   uint64_t nonfinite;  // 1: this node's group held NaN/Inf (skip policy)
@@ -119,8 +127,7 @@ Status SparseReducer::Select(uint64_t step, uint32_t group_id, PreparedGroup* pr
   return Status::Ok();
 }
 
-Status SparseReducer::Pack(PreparedGroup* prepared) {
-  const int64_t n = static_cast<int64_t>(prepared->work.size());
+Status SparseReducer::Pack(int64_t n, PreparedGroup* prepared) {
   prepared->payload.resize(MaxEncodedBytes(n, static_cast<int64_t>(prepared->indices.size()),
                                            index_coding_, value_coding_));
   auto written = Encode({n, prepared->indices, prepared->values}, index_coding_, value_coding_,
@@ -141,9 +148,7 @@ Status SparseReducer::Prepare(std::span<const GroupSlice> slices, std::span<cons
   const size_t n = group.size();
   const int64_t bad = FirstNonFinite(group);
   if (bad >= 0 && config_.nonfinite == NonFinitePolicy::kError) {
-    return InvalidArgument("tensor '" + SliceName(slices, bad) + "' holds a non-finite gradient (" +
-                           std::to_string(group[bad]) + ") on node " + std::to_string(node_rank_) +
-                           "; set SPARSYNC_NONFINITE=skip to drop such steps instead");
+    return NonFiniteStatus(slices, bad, group[bad], node_rank_);
   }
   prepared->finite = bad < 0;
   prepared->nonfinite_tensor = prepared->finite ? std::string() : SliceName(slices, bad);
@@ -166,7 +171,7 @@ Status SparseReducer::Prepare(std::span<const GroupSlice> slices, std::span<cons
     }
   }
   SPARSYNC_RETURN_IF_ERROR(Select(step, group_id, prepared));
-  if (UsesAllGather()) SPARSYNC_RETURN_IF_ERROR(Pack(prepared));
+  if (UsesAllGather()) SPARSYNC_RETURN_IF_ERROR(Pack(static_cast<int64_t>(n), prepared));
   return Status::Ok();
 }
 
@@ -231,9 +236,8 @@ Status SparseReducer::Reduce(std::span<const GroupSlice> slices, std::span<float
   return Exchange(slices, scratch_, group, divisor, tag);
 }
 
-Status SparseReducer::ExchangeAllGather(std::span<float> group, PreparedGroup& prepared,
-                                        uint32_t* tag, bool* skip) {
-  const int64_t n = static_cast<int64_t>(group.size());
+Status SparseReducer::GatherPayloads(PreparedGroup& prepared, uint32_t* tag, bool* skip,
+                                     std::vector<size_t>* payload_bytes_out) {
   const size_t mine = prepared.payload_bytes;  // 0 when not finite
   std::vector<SizeRecord> sizes(num_nodes_);
   SizeRecord me{mine, prepared.finite ? 0u : 1u};
@@ -252,6 +256,16 @@ Status SparseReducer::ExchangeAllGather(std::span<float> group, PreparedGroup& p
   SPARSYNC_RETURN_IF_ERROR(transport_->AllGatherV(prepared.payload.data(), mine, gathered_.data(),
                                                   payload_bytes, (*tag)++));
   payload_bytes_sent_ += mine;
+  *payload_bytes_out = std::move(payload_bytes);
+  return Status::Ok();
+}
+
+Status SparseReducer::ExchangeAllGather(std::span<float> group, PreparedGroup& prepared,
+                                        uint32_t* tag, bool* skip) {
+  const int64_t n = static_cast<int64_t>(group.size());
+  std::vector<size_t> payload_bytes;
+  SPARSYNC_RETURN_IF_ERROR(GatherPayloads(prepared, tag, skip, &payload_bytes));
+  if (*skip) return Status::Ok();
   std::fill(group.begin(), group.end(), 0.0f);
   size_t offset = 0;
   for (int r = 0; r < num_nodes_; ++r) {
@@ -261,6 +275,78 @@ Status SparseReducer::ExchangeAllGather(std::span<float> group, PreparedGroup& p
     offset += payload_bytes[r];
   }
   return Status::Ok();
+}
+
+bool SelectsOnDevice(const Config& config) {
+  return config.compressor == Compressor::kTopK && config.ErrorFeedback() &&
+         config.value_dtype == ValueDType::kFloat32;
+}
+
+bool SparseReducer::SelectsOnDevice() const { return pipeline::SelectsOnDevice(config_); }
+
+int64_t SparseReducer::SelectedCount(int64_t n) const {
+  return kernels::SelectedCount(n, config_.density);
+}
+
+Status SparseReducer::PrepareSelected(std::span<const GroupSlice> slices, int64_t n,
+                                      int64_t nonfinite_index, float nonfinite_value,
+                                      PreparedGroup* prepared) {
+  prepared->work.clear();
+  prepared->delivered.clear();
+  prepared->payload_bytes = 0;
+  if (!prepared->finite) {
+    if (config_.nonfinite == NonFinitePolicy::kError) {
+      return NonFiniteStatus(slices, nonfinite_index, nonfinite_value, node_rank_);
+    }
+    prepared->nonfinite_tensor = SliceName(slices, nonfinite_index);
+    prepared->indices.clear();
+    prepared->values.clear();
+    return Status::Ok();
+  }
+  prepared->nonfinite_tensor.clear();
+  return Pack(n, prepared);
+}
+
+Status SparseReducer::ExchangeSelected(PreparedGroup& prepared, int64_t n, uint32_t* tag,
+                                       bool* skip, std::vector<DecodedSparse>* payloads) {
+  payloads->clear();
+  std::vector<size_t> payload_bytes;
+  SPARSYNC_RETURN_IF_ERROR(GatherPayloads(prepared, tag, skip, &payload_bytes));
+  if (*skip) {
+    if (!prepared.finite) {
+      spdlog::warn(
+          "tensor '{}' holds a non-finite gradient on node {}: the step's update of its "
+          "merge group is dropped on every node (SPARSYNC_NONFINITE=skip)",
+          prepared.nonfinite_tensor, node_rank_);
+    }
+    return Status::Ok();
+  }
+  size_t offset = 0;
+  for (int r = 0; r < num_nodes_; ++r) {
+    auto decoded = Decode(std::span<const uint8_t>(gathered_.data() + offset, payload_bytes[r]));
+    if (!decoded.ok()) return decoded.status().WithContext("payload of node " + std::to_string(r));
+    if (decoded->numel != n) {
+      return InvalidArgument("payload of node " + std::to_string(r) + " describes " +
+                             std::to_string(decoded->numel) + " elements, expected " +
+                             std::to_string(n));
+    }
+    payloads->push_back(std::move(*decoded));
+    offset += payload_bytes[r];
+  }
+  return Status::Ok();
+}
+
+std::vector<float> SparseReducer::TakeResidual(const std::string& name) {
+  std::lock_guard lock(state_mu_);
+  return state_.Take(TensorState::Kind::kResidual, name);
+}
+
+void SparseReducer::AddResidual(const std::string& name, std::span<const float> residual) {
+  GroupSlice slice{&name, 0, residual.size()};
+  std::vector<float> sum(residual.begin(), residual.end());
+  std::lock_guard lock(state_mu_);
+  state_.AddTo(TensorState::Kind::kResidual, std::span<const GroupSlice>(&slice, 1), sum);
+  state_.Store(TensorState::Kind::kResidual, std::span<const GroupSlice>(&slice, 1), sum);
 }
 
 Status SparseReducer::ExchangeGlobalTopK(std::span<float> group, PreparedGroup& prepared,
@@ -319,7 +405,7 @@ SparseReducers::SparseReducers(Config base, int node_rank, int num_nodes,
                                transport::Transport* transport)
     : base_(std::move(base)), node_rank_(node_rank), num_nodes_(num_nodes), transport_(transport) {}
 
-Result<SparseReducer*> SparseReducers::For(uint32_t wire_compressor, float density) {
+Result<Config> TensorConfig(const Config& base, uint32_t wire_compressor, float density) {
   static constexpr Compressor kByWire[] = {Compressor::kNone /* DEFAULT, replaced below */,
                                            Compressor::kNone,
                                            Compressor::kTopK,
@@ -330,9 +416,14 @@ Result<SparseReducer*> SparseReducers::For(uint32_t wire_compressor, float densi
                                            Compressor::kDgc,
                                            Compressor::kGTopK};
   if (wire_compressor >= SPARSYNC_COMPRESSOR_COUNT) return Internal("unknown compressor");
-  Config config = base_;
+  Config config = base;
   if (wire_compressor != SPARSYNC_COMPRESSOR_DEFAULT) config.compressor = kByWire[wire_compressor];
   if (density > 0) config.density = density;
+  return config;
+}
+
+Result<SparseReducer*> SparseReducers::For(uint32_t wire_compressor, float density) {
+  SPARSYNC_ASSIGN_OR_RETURN(Config config, TensorConfig(base_, wire_compressor, density));
   if (config.compressor == Compressor::kNone) return static_cast<SparseReducer*>(nullptr);
   auto key = std::make_pair(config.compressor, config.density);
   auto it = reducers_.find(key);

@@ -71,6 +71,26 @@ class SparseReducer {
   Status Reduce(std::span<const GroupSlice> slices, std::span<float> group, uint64_t step,
                 uint32_t group_id, double divisor, uint32_t* tag);
 
+  // The device path (device_sparse.h) selects on the GPU and uses this reducer for the rest:
+  // whether this one's groups may go there (SelectsOnDevice(config) below).
+  bool SelectsOnDevice() const;
+  // k for a group of n elements.
+  int64_t SelectedCount(int64_t n) const;
+  // Stage A after a selection made elsewhere: `prepared` holds finite, nonfinite_index and, when
+  // finite, indices and values of a group of `n` elements. Applies the non-finite policy (the
+  // error names the tensor) and encodes the payload.
+  Status PrepareSelected(std::span<const GroupSlice> slices, int64_t n, int64_t nonfinite_index,
+                         float nonfinite_value, PreparedGroup* prepared);
+  // Stage B of the device path: the transport calls of Exchange() for the allgather exchange,
+  // leaving every node's decoded payload in node order in `payloads` (empty when `*skip`: some
+  // node's group was not finite). Touches no residual.
+  Status ExchangeSelected(PreparedGroup& prepared, int64_t n, uint32_t* tag, bool* skip,
+                          std::vector<DecodedSparse>* payloads);
+  // A tensor's host residual, removed (empty if none), and one added to it: for tensors that
+  // move between the host and the device path, so that no residual is lost or counted twice.
+  std::vector<float> TakeResidual(const std::string& name);
+  void AddResidual(const std::string& name, std::span<const float> residual);
+
   // For tests and the conservation checks; call only while no Exchange() runs.
   const TensorState& state() const { return state_; }
   // Bytes this node sent in payloads so far (for the benchmarks and logs).
@@ -80,9 +100,12 @@ class SparseReducer {
   SparseReducer(const Config& config, int node_rank, int num_nodes, transport::Transport* transport,
                 std::unique_ptr<kernels::Sparsifier> sparsifier);
   Status Select(uint64_t step, uint32_t group_id, PreparedGroup* prepared);
-  Status Pack(PreparedGroup* prepared);
+  Status Pack(int64_t n, PreparedGroup* prepared);
   Status ExchangeAllGather(std::span<float> group, PreparedGroup& prepared, uint32_t* tag,
                            bool* skip);
+  // The transport half of ExchangeAllGather: sizes and flags, then the payloads into gathered_.
+  Status GatherPayloads(PreparedGroup& prepared, uint32_t* tag, bool* skip,
+                        std::vector<size_t>* payload_bytes);
   Status ExchangeGlobalTopK(std::span<float> group, PreparedGroup& prepared, uint32_t* tag,
                             bool* skip, std::vector<float>* delivered);
   Status ExchangeSharedIndices(std::span<float> group, PreparedGroup& prepared, uint32_t* tag,
@@ -113,6 +136,15 @@ class SparseReducer {
 // The sparse reducers of a node, one per (compressor, density) in use, created on first use from
 // the daemon's configuration: a gradient tensor may choose its own compressor at registration.
 // For() is called by the preparing side only (one thread).
+// Whether groups under `config` may be selected on the GPU (DeviceSparse): top-k with error
+// feedback and float32 values, which the peers decode exactly, so the residual the device keeps
+// needs no correction from the host.
+bool SelectsOnDevice(const Config& config);
+
+// The configuration of a tensor registered with `wire_compressor` and `density` (0: the
+// configured one): `base` with the tensor's own choices applied.
+Result<Config> TensorConfig(const Config& base, uint32_t wire_compressor, float density);
+
 class SparseReducers {
  public:
   SparseReducers(Config base, int node_rank, int num_nodes, transport::Transport* transport);

@@ -37,6 +37,15 @@ void TensorState::Load(Kind kind, std::span<const GroupSlice> slices, std::span<
   }
 }
 
+std::vector<float> TensorState::Take(Kind kind, const std::string& name) {
+  auto& map = state_[static_cast<int>(kind)];
+  auto it = map.find(name);
+  if (it == map.end()) return {};
+  std::vector<float> v = std::move(it->second);
+  map.erase(it);
+  return v;
+}
+
 std::span<const float> TensorState::Get(Kind kind, const std::string& name) const {
   const auto& map = state_[static_cast<int>(kind)];
   auto it = map.find(name);

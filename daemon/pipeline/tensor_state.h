@@ -30,6 +30,8 @@ class TensorState {
   void Store(Kind kind, std::span<const GroupSlice> slices, std::span<const float> group);
   void Load(Kind kind, std::span<const GroupSlice> slices, std::span<float> group);
 
+  // Removes `name`'s vector of `kind` and returns it (empty if none).
+  std::vector<float> Take(Kind kind, const std::string& name);
   // The stored vector of `name` (empty if none), for tests and the conservation checks.
   std::span<const float> Get(Kind kind, const std::string& name) const;
   size_t bytes() const;

@@ -44,17 +44,31 @@ Status SendDone(const WorkerPart& part, const Status& status, int result_fd,
 }
 
 void DeliverResult(const GroupMember& member) {
-  if (!member.clique) {
+  Status st;
+  if (member.clique) {
+    std::vector<intake::CudaTensor*> cuda;
+    for (const WorkerPart& part : member.parts) cuda.push_back(part.cuda.get());
+    st = member.result_on_device ? member.clique->BroadcastFromDevice(cuda, member.meta.dtype)
+                                 : member.clique->BroadcastFromHost(cuda, member.meta.dtype);
+  } else if (member.result_on_device) {
+    // One part: the result is in its buffer already.
+    intake::CudaTensor& t = *member.parts[0].cuda;
+    st = t.Check(t.rt().SetDevice(t.device()), "cudaSetDevice");
+    if (st.ok()) st = t.EnqueueRecordDone();
+  } else {
     for (const WorkerPart& part : member.parts) (void)SendDone(part, Status::Ok());
     return;
   }
-  std::vector<intake::CudaTensor*> cuda;
-  for (const WorkerPart& part : member.parts) cuda.push_back(part.cuda.get());
-  Status st = member.clique->BroadcastFromHost(cuda, member.meta.dtype);
   if (!st.ok()) spdlog::error("{}", st.message());
   for (const WorkerPart& part : member.parts) {
     (void)SendDone(part, st, -1, 0, 0, /*to_device=*/false);
   }
+}
+
+Status StageToHost(GroupMember& member) {
+  if (!member.on_device) return Status::Ok();
+  member.on_device = false;
+  return member.parts[0].cuda->CopyToHost();
 }
 
 TensorTable::TensorTable(World world, std::string job_token, ReportFn report, FailFn fail,
@@ -64,6 +78,7 @@ TensorTable::TensorTable(World world, std::string job_token, ReportFn report, Fa
       report_(std::move(report)),
       fail_(std::move(fail)),
       cuda_(std::move(cuda.cudart)),
+      keep_on_device_(std::move(cuda.keep_on_device)),
       workers_(world.local_size),
       local_nccl_(std::move(cuda.libnccl), cuda.local_nccl) {}
 
@@ -207,8 +222,15 @@ void TensorTable::Stage(Staging staging) {
       intake::SummedOnDevice(meta.dtype)) {
     clique = local_nccl_.CliqueFor(cuda);
   }
+  // A gradient the executor may sparsify on the device stays there: summed into local rank 0's
+  // buffer (with several GPUs) or left in the worker's (with one).
+  bool keep = meta.op == SPARSYNC_OP_GRADIENT && meta.dtype == SPARSYNC_FLOAT32 &&
+              (clique || cuda.size() == 1) && keep_on_device_ && keep_on_device_(meta);
+  for (intake::CudaTensor* c : cuda) keep = keep && c != nullptr;
   Status st;
-  if (clique) {
+  if (keep) {
+    if (clique) st = clique->ReduceOnDevice(cuda, meta.dtype);
+  } else if (clique) {
     st = clique->ReduceToHost(cuda, meta.dtype);
   } else {
     // Every copy is queued before the first wait, so that copies on different devices overlap.
@@ -234,6 +256,7 @@ void TensorTable::Stage(Staging staging) {
       return;  // failed meanwhile: every worker has its DONE already
     }
     it->second.clique = clique;
+    it->second.on_device = keep;
   }
   if (!st.ok()) {
     // This node cannot contribute the tensor: every node hears why now, not at the timeout.
@@ -396,6 +419,7 @@ Result<std::vector<GroupMember>> TensorTable::Resolve(const negotiation::Schedul
     m.generation = t.generation;
     m.ready_ns = t.ready_ns;
     m.clique = t.clique;
+    m.on_device = t.on_device;
     for (int r = 0; r < world_.local_size; ++r) {
       if (!t.parts[r]) {
         return Aborted("local rank " + std::to_string(r) + " of node " +

@@ -57,6 +57,11 @@ struct GroupMember {
   // Non-null: the parts were summed on the node's GPUs (intake/local_nccl.h), so the node's sum
   // is parts[0]'s region alone, and the result goes back through it (DeliverResult).
   std::shared_ptr<intake::DeviceClique> clique;
+  // The node's sum was left on the device, in parts[0]'s buffer (CudaOptions::keep_on_device):
+  // the executor sparsifies it there, or copies it to parts[0]'s region first (StageToHost).
+  bool on_device = false;
+  // Set by the executor: the result is in parts[0]'s buffer, not in the regions.
+  bool result_on_device = false;
 
   // The regions holding this node's contribution: every part's, or parts[0]'s alone.
   size_t num_inputs() const { return clique ? 1 : parts.size(); }
@@ -67,6 +72,9 @@ struct CudaOptions {
   std::string cudart;      // SPARSYNC_CUDART; empty: the default search
   bool local_nccl = true;  // SPARSYNC_LOCAL_REDUCE=auto
   std::string libnccl;     // SPARSYNC_LIBNCCL; empty: libnccl.so.2
+  // Whether a gradient whose parts are all on GPUs may keep its node sum there for the executor
+  // (the device sparse path); called on the staging thread. Null: never.
+  std::function<bool(const negotiation::TensorMeta&)> keep_on_device;
 };
 
 class TensorTable : public intake::IntakeHandler {
@@ -121,6 +129,7 @@ class TensorTable : public intake::IntakeHandler {
     int64_t ready_ns = 0;    // steady clock when the round became locally ready
     uint64_t generation = 0;
     std::shared_ptr<intake::DeviceClique> clique;  // this round's parts were summed with it
+    bool on_device = false;                        // this round's sum was left on the device
   };
 
   // A locally ready round with CUDA parts, staged on the staging thread before it is reported.
@@ -145,6 +154,7 @@ class TensorTable : public intake::IntakeHandler {
   const ReportFn report_;
   const FailFn fail_;
   intake::CudaStaging cuda_;
+  const std::function<bool(const negotiation::TensorMeta&)> keep_on_device_;
 
   mutable std::mutex mu_;
   std::condition_variable slot_bound_;
@@ -165,7 +175,12 @@ Status SendDone(const WorkerPart& part, const Status& status, int result_fd = -1
                 uint64_t result_bytes = 0, int64_t result_dim0 = 0, bool to_device = true);
 
 // DONE for every part of a reduced `member` whose result is in its input regions
-// (member.num_inputs() of them): through the GPUs when the member was summed there.
+// (member.num_inputs() of them), or on the device (member.result_on_device): through the GPUs
+// when the member was summed there.
 void DeliverResult(const GroupMember& member);
+
+// For a member whose node sum was left on the device (on_device): copies it to parts[0]'s region,
+// as the staging thread would have, and clears on_device. Blocks for the copy.
+Status StageToHost(GroupMember& member);
 
 }  // namespace sparsync::pipeline

@@ -58,6 +58,9 @@ std::shared_ptr<const CudaRuntime> FromHandle(void* handle, const std::string& l
             BindSymbol(handle, "cudaStreamWaitEvent", &rt->StreamWaitEvent, &missing) &&
             BindSymbol(handle, "cudaStreamSynchronize", &rt->StreamSynchronize, &missing) &&
             BindSymbol(handle, "cudaMemcpyAsync", &rt->MemcpyAsync, &missing) &&
+            BindSymbol(handle, "cudaMalloc", &rt->Malloc, &missing) &&
+            BindSymbol(handle, "cudaFree", &rt->Free, &missing) &&
+            BindSymbol(handle, "cudaMemsetAsync", &rt->MemsetAsync, &missing) &&
             BindSymbol(handle, "cudaHostRegister", &rt->HostRegister, &missing) &&
             BindSymbol(handle, "cudaHostUnregister", &rt->HostUnregister, &missing) &&
             BindSymbol(handle, "cudaGetErrorName", &rt->GetErrorName, &missing) &&

@@ -29,6 +29,7 @@ inline constexpr unsigned kCudaIpcMemLazyEnablePeerAccess = 0x01;  // cudaIpcMem
 inline constexpr unsigned kCudaStreamNonBlocking = 0x01;           // cudaStreamNonBlocking
 inline constexpr int kCudaMemcpyHostToDevice = 1;                  // cudaMemcpyHostToDevice
 inline constexpr int kCudaMemcpyDeviceToHost = 2;                  // cudaMemcpyDeviceToHost
+inline constexpr int kCudaMemcpyDeviceToDevice = 3;                // cudaMemcpyDeviceToDevice
 inline constexpr unsigned long long kCudaEnableDefault = 0;        // cudaEnableDefault
 inline constexpr unsigned kCudaHostRegisterPortable = 0x01;        // cudaHostRegisterPortable
 
@@ -51,6 +52,10 @@ struct CudaRuntime {
   CudaError (*StreamWaitEvent)(CudaStream stream, CudaEvent event, unsigned flags);
   CudaError (*StreamSynchronize)(CudaStream stream);
   CudaError (*MemcpyAsync)(void* dst, const void* src, size_t bytes, int kind, CudaStream stream);
+  // The daemon's own device buffers (the device sparse path, daemon/pipeline/device_sparse.h).
+  CudaError (*Malloc)(void** ptr, size_t bytes);
+  CudaError (*Free)(void* ptr);
+  CudaError (*MemsetAsync)(void* ptr, int value, size_t bytes, CudaStream stream);
   // Page-locks host memory so that copies to and from it run at full speed, asynchronously.
   CudaError (*HostRegister)(void* ptr, size_t bytes, unsigned flags);
   CudaError (*HostUnregister)(void* ptr);

@@ -24,6 +24,7 @@ static_assert(kCudaIpcMemLazyEnablePeerAccess == cudaIpcMemLazyEnablePeerAccess)
 static_assert(kCudaStreamNonBlocking == cudaStreamNonBlocking);
 static_assert(kCudaMemcpyHostToDevice == cudaMemcpyHostToDevice);
 static_assert(kCudaMemcpyDeviceToHost == cudaMemcpyDeviceToHost);
+static_assert(kCudaMemcpyDeviceToDevice == cudaMemcpyDeviceToDevice);
 static_assert(kCudaEnableDefault == cudaEnableDefault);
 static_assert(kCudaHostRegisterPortable == cudaHostRegisterPortable);
 static_assert(sizeof(cudaMemcpyKind) == sizeof(int) && sizeof(CUresult) == sizeof(int));

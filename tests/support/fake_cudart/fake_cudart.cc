@@ -470,6 +470,20 @@ int cudaMemcpyAsync(void* dst, const void* src, size_t bytes, int kind, void* st
   return Copy(dst, src, bytes, kind, stream);
 }
 
+int cudaMemsetAsync(void* ptr, int value, size_t bytes, void* stream) {
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  if (!KnownStream(s, stream))
+    return Misuse(s, kInvalidResourceHandle, "cudaMemsetAsync on an unknown stream");
+  if (!Holding(s, ptr, bytes)) {
+    return Misuse(s, kInvalidValue,
+                  "cudaMemsetAsync of " + std::to_string(bytes) + " bytes outside a device allocation");
+  }
+  if (bytes) std::memset(ptr, value, bytes);
+  s.journal.push_back("memset " + std::to_string(bytes));
+  return kSuccess;
+}
+
 // Page-locking is bookkeeping only; overlapping registrations and unknown ranges fail as in CUDA.
 int cudaHostRegister(void* ptr, size_t bytes, unsigned flags) {
   State& s = S();

@@ -74,6 +74,8 @@ TEST(ConfigTest, TheDefaultsHelpStatesAreTheDefaults) {
   EXPECT_EQ(a.cudart, b.cudart);
   EXPECT_EQ(a.local_nccl, b.local_nccl);
   EXPECT_EQ(a.libnccl, b.libnccl);
+  EXPECT_EQ(a.device_sparsify, b.device_sparsify);
+  EXPECT_EQ(a.sparsify_library, b.sparsify_library);
 }
 
 TEST(ConfigTest, EnvironmentOverridesDefaultsAndFlagsOverrideEnvironment) {

@@ -129,7 +129,7 @@ class CudaStagingTest : public ::testing::Test {
           failures_.push_back(s);
           changed_.notify_all();
         },
-        pipeline::CudaOptions{cudart, local_nccl, libnccl});
+        pipeline::CudaOptions{cudart, local_nccl, libnccl, nullptr});
     sparsync_hello hello{};
     sparsync_hello_reply reply{};
     table->OnHello(session_, hello, &reply);
