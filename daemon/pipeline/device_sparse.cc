@@ -217,6 +217,42 @@ Status DeviceSparse::MoveResidualsToHost(std::span<const GroupSlice> slices,
   return Status::Ok();
 }
 
+Result<float*> DeviceSparse::ResidualOn(const std::string& name, size_t count, int device,
+                                        const std::shared_ptr<const CudaRuntime>& rt,
+                                        void* stream, SparseReducer* sparse,
+                                        std::vector<std::vector<float>>* uploads) {
+  Residual r;
+  {
+    std::lock_guard lock(mu_);
+    auto it = residuals_.find(name);
+    if (it != residuals_.end()) {
+      if (it->second.device == device && it->second.count == count) return it->second.data;
+      r = it->second;  // on another GPU (or of another size): it comes along through the host
+      residuals_.erase(it);
+    }
+  }
+  std::vector<float> host = sparse->TakeResidual(name);
+  if (r.data != nullptr) {
+    SPARSYNC_RETURN_IF_ERROR(Download(name, r.rt, r.device, r.data, r.count, &host));
+    SPARSYNC_RETURN_IF_ERROR(Cuda(*rt, rt->SetDevice(device), "cudaSetDevice", device));
+  }
+  if (host.size() != count) return static_cast<float*>(nullptr);
+  // Kept in the map at once, so that a step this residual does not finish cannot lose it.
+  float* data = nullptr;
+  SPARSYNC_RETURN_IF_ERROR(Grow(*rt, device, &data, count, "a residual"));
+  {
+    std::lock_guard lock(mu_);
+    residuals_[name] = Residual{rt, device, data, count};
+  }
+  uploads->push_back(std::move(host));
+  SPARSYNC_RETURN_IF_ERROR(Cuda(*rt,
+                                rt->MemcpyAsync(data, uploads->back().data(),
+                                                count * sizeof(float),
+                                                intake::kCudaMemcpyHostToDevice, stream),
+                                "copying the residual of '" + name + "' to the device", device));
+  return data;
+}
+
 Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const GroupSlice> slices,
                             SparseReducer* sparse, Scratch* scratch, PreparedGroup* prepared,
                             bool* fall_back) {
@@ -288,34 +324,13 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
     SPARSYNC_RETURN_IF_ERROR(t.Check(rt.MemcpyAsync(scratch->group + s.offset, t.data(), bytes,
                                                     intake::kCudaMemcpyDeviceToDevice, stream),
                                      "copying the tensor into the device group buffer"));
-    Residual r;
-    bool here = false;
-    {
-      std::lock_guard lock(mu_);
-      auto it = residuals_.find(*s.name);
-      if (it != residuals_.end()) {
-        r = it->second;
-        here = r.device == device && r.count == s.count;
-        if (!here) residuals_.erase(it);  // elsewhere: it comes along through the host
-      }
-    }
+    SPARSYNC_ASSIGN_OR_RETURN(float* residual,
+                              ResidualOn(*s.name, s.count, device, rt_ptr, stream, sparse, &uploads));
     float* dst = scratch->residual + s.offset;
-    if (here) {
+    if (residual != nullptr) {
       SPARSYNC_RETURN_IF_ERROR(t.Check(
-          rt.MemcpyAsync(dst, r.data, bytes, intake::kCudaMemcpyDeviceToDevice, stream),
+          rt.MemcpyAsync(dst, residual, bytes, intake::kCudaMemcpyDeviceToDevice, stream),
           "copying the residual into the device group buffer"));
-      continue;
-    }
-    std::vector<float> host = sparse->TakeResidual(*s.name);
-    if (r.data != nullptr) {
-      SPARSYNC_RETURN_IF_ERROR(Download(*s.name, r.rt, r.device, r.data, r.count, &host));
-      SPARSYNC_RETURN_IF_ERROR(Cuda(rt, rt.SetDevice(device), "cudaSetDevice", device));
-    }
-    if (host.size() == s.count) {
-      uploads.push_back(std::move(host));
-      SPARSYNC_RETURN_IF_ERROR(t.Check(rt.MemcpyAsync(dst, uploads.back().data(), bytes,
-                                                      intake::kCudaMemcpyHostToDevice, stream),
-                                       "copying the residual to the device"));
     } else {
       SPARSYNC_RETURN_IF_ERROR(
           t.Check(rt.MemsetAsync(dst, 0, bytes, stream), "clearing the residual"));
@@ -335,9 +350,9 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
   if (!prepared->finite) {
     bad = error.index;
     if (bad < 0 || static_cast<size_t>(bad) >= n) return Internal("top-k: " + std::string(error.message));
-    // The residual buffer holds residual + gradient now, the offending value among them.
+    // The node's sum at that element, for the message (the residual buffer is unspecified now).
     SPARSYNC_RETURN_IF_ERROR(
-        Cuda(rt, rt.MemcpyAsync(&bad_value, scratch->residual + bad, sizeof(float),
+        Cuda(rt, rt.MemcpyAsync(&bad_value, scratch->group + bad, sizeof(float),
                                 intake::kCudaMemcpyDeviceToHost, stream),
              "reading a non-finite value", device));
     count = 0;
@@ -360,7 +375,7 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
   }
   SPARSYNC_RETURN_IF_ERROR(
       Cuda(rt, rt.StreamSynchronize(stream), "copying the selection to the host", device));
-  if (!announced_.exchange(true)) {
+  if (prepared->finite && !announced_.exchange(true)) {
     spdlog::info("top-k on CUDA device {} for the group of '{}' ({} elements): only the {} "
                  "selected pairs are copied to the host",
                  device, *slices[0].name, n, count);

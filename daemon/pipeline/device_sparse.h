@@ -118,6 +118,11 @@ class DeviceSparse {
     size_t count = 0;
   };
   bool LoadLocked(std::string* error);  // REQUIRES: mu_ held
+  // `name`'s residual on `device`: the one kept there, or one brought from the host or another
+  // GPU (its upload queued on `stream` from a vector added to `uploads`); null when it has none.
+  Result<float*> ResidualOn(const std::string& name, size_t count, int device,
+                            const std::shared_ptr<const intake::CudaRuntime>& rt, void* stream,
+                            SparseReducer* sparse, std::vector<std::vector<float>>* uploads);
   void Disable(const std::string& why);
 
   const std::string library_;

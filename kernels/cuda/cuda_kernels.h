@@ -70,6 +70,10 @@ class Workspace {
   // Device address of the selected count (int64) of the last call, valid in stream order.
   const int64_t* device_count() const;
 
+  // The index of the first non-finite input element when the last Finish returned NonFiniteError,
+  // else -1: the index as a value, for callers that pass it on (the C plugin, sparsify_plugin.h).
+  int64_t last_nonfinite_index() const { return last_nonfinite_index_; }
+
   // Diagnostics (tests, benchmarks): whether the last top-k / DGC / quantile-threshold call that
   // Finish read back took the candidate fast path rather than the dense radix passes.
   bool last_used_candidates() const;
@@ -85,6 +89,7 @@ class Workspace {
   WorkspaceLimits limits_;
   std::unique_ptr<internal::DeviceBuffers> buffers_;
   const float* error_source_ = nullptr;
+  int64_t last_nonfinite_index_ = -1;
 };
 
 // Exact top-k of |x| with the reference tie-break (equal magnitudes: smaller index first).
@@ -95,8 +100,9 @@ Status TopK(const float* x, int64_t numel, int64_t k, DeviceSparse out, Workspac
 // Top-k with error feedback fused (Aji & Heafield, EMNLP 2017; Stich et al., NeurIPS 2018):
 //   a = residual + grad; send TopK(a); residual = a with the sent coordinates zeroed.
 // One read of grad and residual and one write of residual, plus reads of a for the selection.
-// If a holds a non-finite value, nothing is selected (Finish reports it) and the residual then
-// holds a, non-finite values included: the caller must discard or reset it.
+// If a holds a non-finite value, nothing is selected (Finish reports it) and the residual is left
+// unspecified (blocks that start after the value was reported stop early, so it is part a, part
+// the old residual): the caller must discard or reset it.
 Status TopKWithResidual(const float* grad, float* residual, int64_t numel, int64_t k,
                         DeviceSparse out, Workspace& ws, cudaStream_t stream);
 

@@ -63,7 +63,7 @@ void sparsync_sp_workspace_destroy(sparsync_sp_workspace* workspace);
  * largest |a| (ties: smaller index first) in ascending index order to indices/values, and leaves
  * residual = a with those coordinates zeroed. REQUIRES 1 <= k <= numel, k <= capacity. If a holds
  * a non-finite value, nothing is selected, finish reports SPARSYNC_SP_NONFINITE, and residual
- * holds a: the caller must discard it. */
+ * is left unspecified: the caller must discard it (grad is never written). */
 int sparsync_sp_topk_residual(const float* grad, float* residual, int64_t numel, int64_t k,
                               int32_t* indices, float* values, int64_t capacity,
                               sparsync_sp_workspace* workspace, void* stream,

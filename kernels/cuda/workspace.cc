@@ -113,6 +113,7 @@ bool Workspace::last_used_candidates() const { return buffers_->host_state->filt
 
 Result<int64_t> Workspace::Finish(cudaStream_t stream) {
   const DeviceBuffers& b = *buffers_;
+  last_nonfinite_index_ = -1;
   SPARSYNC_KERNELS_RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(b.host_state, b.state, sizeof(SelectState), cudaMemcpyDeviceToHost, stream),
       "cuda Workspace::Finish: reading the result"));
@@ -126,7 +127,8 @@ Result<int64_t> Workspace::Finish(cudaStream_t stream) {
           cudaMemcpy(&value, error_source_ + s.first_bad, sizeof(float), cudaMemcpyDeviceToHost),
           "cuda Workspace::Finish: reading the non-finite element"));
     }
-    return NonFiniteError(static_cast<int64_t>(s.first_bad), value);
+    last_nonfinite_index_ = static_cast<int64_t>(s.first_bad);
+    return NonFiniteError(last_nonfinite_index_, value);
   }
   if (s.invalid != 0) {
     return InvalidArgumentError("cuda ScatterAddAverage: " + std::to_string(s.invalid) +

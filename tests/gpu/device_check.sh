@@ -7,12 +7,15 @@
 #   tests/gpu/device_check.sh --build-only # configure + build, then report whether a GPU is there
 #
 # 1. Configures kernels/ on its own (cmake -S kernels, Ninja, Release) and builds the CUDA
-#    kernels, their tests (kernels_cuda_test) and the benchmark (kernels_cuda_bench). GoogleTest is
+#    kernels, their tests (kernels_cuda_test), the benchmark (kernels_cuda_bench), the daemon's
+#    plugin libsparsync_sparsify_cuda.so and its test (sparsify_plugin_test). GoogleTest is
 #    built from source: $SPARSYNC_GTEST_SOURCE_DIR, else build-gpu-deps/googletest (made by
 #    tests/gpu/prepare.sh on the build machine and carried over), else /usr/src/googletest.
 # 2. Without a usable GPU it says so on a line starting "NO GPU:" and exits 3 after the build.
 # 3. Runs kernels_cuda_test (every kernel against the reference oracles), then, when
-#    compute-sanitizer is installed, its memcheck over the small tests.
+#    compute-sanitizer is installed, its memcheck over the small tests. Then sparsify_plugin_test
+#    on the real plugin with device memory (SPARSYNC_TEST_SPARSIFY_DEVICE=1): the C interface the
+#    daemon loads, against the reference top-k and the host scatter-add-average, bit for bit.
 # 4. Builds tests/gpu/ipc on its own and runs cuda_ipc_check: a worker process and a daemon
 #    process pass a 25 M float32 tensor through the CUDA IPC intake (CudaBuffer, CudaStaging) on
 #    the real runtime, 3 rounds, every value checked, and print the staging copies' bandwidth.
@@ -89,6 +92,8 @@ targets=(kernels_cuda_bench)
 known=$(ninja -C "$build" -t targets all 2>/dev/null)  # not piped into grep -q (SIGPIPE)
 if grep -q '^kernels_cuda_test:' <<<"$known"; then
   targets+=(kernels_cuda_test)
+  grep -q '^sparsify_plugin_test:' <<<"$known" &&
+    targets+=(sparsync_sparsify_cuda sparsify_plugin_test)
 else
   echo "device_check: no kernels_cuda_test target: GoogleTest was not found and no source copy" \
        "was given (run tests/gpu/prepare.sh and carry build-gpu-deps)"
@@ -162,6 +167,32 @@ if [[ -x "$test_bin" ]]; then
 else
   status=1
   echo "kernels_cuda_test: not built"
+fi
+
+plugin="$build/cuda/libsparsync_sparsify_cuda.so"
+plugin_test="$build/sparsify_plugin_test"
+if [[ -x "$plugin_test" && -f "$plugin" ]]; then
+  say "tests: sparsify_plugin_test on the real plugin (${plugin#"$build"/})"
+  if SPARSYNC_TEST_SPARSIFY_PLUGIN="$plugin" SPARSYNC_TEST_SPARSIFY_DEVICE=1 \
+     timeout "$(step_timeout 60 160)" "$plugin_test" --gtest_brief=1 \
+     >"$logs/plugin_tests.log" 2>&1; then
+    ran=$(grep -Eo '[0-9]+ tests? from [0-9]+ test suites? ran' "$logs/plugin_tests.log" | head -1)
+    skipped=$(grep -Eo 'SKIPPED \] [0-9]+ tests?' "$logs/plugin_tests.log" | head -1)
+    if [[ -n "$skipped" ]]; then  # the probe found a GPU, so a skip is a failure here
+      status=1
+      echo "sparsify_plugin_test (real plugin): FAILED: ${skipped#SKIPPED ] } skipped" \
+           "(log: $logs/plugin_tests.log)"
+    else
+      echo "sparsify_plugin_test (real plugin): PASSED ($ran)"
+    fi
+  else
+    status=1
+    grep -E "FAILED|Failure|error|Which is|Expected" "$logs/plugin_tests.log" | head -40
+    echo "sparsify_plugin_test (real plugin): FAILED (log: $logs/plugin_tests.log)"
+  fi
+else
+  status=1
+  echo "sparsify_plugin_test (real plugin): not built"
 fi
 
 say "CUDA IPC intake: cuda_ipc_check (a worker and a daemon process, the real runtime)"
