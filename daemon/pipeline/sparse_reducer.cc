@@ -200,12 +200,7 @@ Status SparseReducer::Exchange(std::span<const GroupSlice> slices, PreparedGroup
       std::lock_guard lock(state_mu_);
       state_.Store(TensorState::Kind::kResidual, slices, prepared.work);
     }
-    if (!prepared.finite) {
-      spdlog::warn(
-          "tensor '{}' holds a non-finite gradient on node {}: the step's update of its "
-          "merge group is dropped on every node (SPARSYNC_NONFINITE=skip)",
-          prepared.nonfinite_tensor, node_rank_);
-    }
+    if (!prepared.finite) WarnSkipped(prepared);
     return Status::Ok();
   }
   if (error_feedback) {
@@ -277,6 +272,13 @@ Status SparseReducer::ExchangeAllGather(std::span<float> group, PreparedGroup& p
   return Status::Ok();
 }
 
+void SparseReducer::WarnSkipped(const PreparedGroup& prepared) const {
+  spdlog::warn(
+      "tensor '{}' holds a non-finite gradient on node {}: the step's update of its merge group "
+      "is dropped on every node (SPARSYNC_NONFINITE=skip)",
+      prepared.nonfinite_tensor, node_rank_);
+}
+
 bool SelectsOnDevice(const Config& config) {
   return config.compressor == Compressor::kTopK && config.ErrorFeedback() &&
          config.value_dtype == ValueDType::kFloat32;
@@ -313,12 +315,7 @@ Status SparseReducer::ExchangeSelected(PreparedGroup& prepared, int64_t n, uint3
   std::vector<size_t> payload_bytes;
   SPARSYNC_RETURN_IF_ERROR(GatherPayloads(prepared, tag, skip, &payload_bytes));
   if (*skip) {
-    if (!prepared.finite) {
-      spdlog::warn(
-          "tensor '{}' holds a non-finite gradient on node {}: the step's update of its "
-          "merge group is dropped on every node (SPARSYNC_NONFINITE=skip)",
-          prepared.nonfinite_tensor, node_rank_);
-    }
+    if (!prepared.finite) WarnSkipped(prepared);
     return Status::Ok();
   }
   size_t offset = 0;

@@ -110,6 +110,8 @@ class SparseReducer {
                             bool* skip, std::vector<float>* delivered);
   Status ExchangeSharedIndices(std::span<float> group, PreparedGroup& prepared, uint32_t* tag,
                                bool* skip);
+  // The warning of a node whose group was not finite, when the step is skipped.
+  void WarnSkipped(const PreparedGroup& prepared) const;
   bool UsesGlobalTopK() const;
   bool UsesAllGather() const;
 

@@ -156,3 +156,23 @@ def test_cuda_gradients_sparsified_on_the_device_match_the_host(
     result = on_gpu[0]["%s.1" % name]
     assert np.count_nonzero(result) <= 0.05 * 1000 * nodes
     assert not np.allclose(result, dense)
+
+
+def test_a_sparsification_library_that_finds_no_gpu_leaves_the_work_to_the_host(
+        job_factory, daemon, fake_cudart):
+    # The real library beside the daemon (built where nvcc is), here with no GPU to use: its
+    # workspace cannot be made, so the gradients kept on the "device" go to the host after all.
+    library = Path(daemon).resolve().parent / "libsparsync_sparsify_cuda.so"
+    if not library.is_file():
+        pytest.skip("the CUDA sparsification library is not built: %s" % library)
+    base = {"SPARSYNC_CUDART": fake_cudart, "SPARSYNC_COMPRESSOR": "topk",
+            "SPARSYNC_DENSITY": "0.05", "SPARSYNC_MIN_COMPRESS_BYTES": "0"}
+    tried, tried_logs = run_reduce(job_factory, fake_cudart, 2, 1, "1", base)
+    on_host, _ = run_reduce(job_factory, fake_cudart, 2, 1, "1",
+                            {**base, "SPARSYNC_DEVICE_SPARSIFY": "host"})
+    assert "device sparsification: using %s" % library in tried_logs, tried_logs
+    assert "sparsified on the host from now on" in tried_logs, tried_logs
+    assert "top-k on CUDA device" not in tried_logs
+    for key in on_host[0]:
+        if key not in ("waits", "records", "misuse"):
+            assert tried[0][key].tobytes() == on_host[0][key].tobytes(), key

@@ -6,6 +6,11 @@
 # show only now and then.
 #
 #   tests/gpu/emulation/run.sh [gtest arguments]   # e.g. --gtest_filter='*TopK*'
+#   tests/gpu/emulation/run.sh --plugin [gtest arguments]
+#
+# --plugin runs sparsify_plugin_test instead, against the daemon's CUDA sparsification library
+# (kernels/cuda/sparsify_plugin.cc over the same translated kernels) built as an emulated shared
+# library, as ctest runs it against the CPU fake: the real library's C interface, on the CPU.
 #
 # Builds into build-cuda-emulation/ (the CPU kernels with -DSPARSYNC_CUDA=OFF, then the .cu files
 # rewritten by translate_launches.py and compiled as C++ with g++), needs an installed GoogleTest
@@ -15,26 +20,36 @@ repo=$(cd "$(dirname "$0")/../../.." && pwd)
 here="$repo/tests/gpu/emulation"
 out="$repo/build-cuda-emulation"
 jobs=${JOBS:-2}
+plugin=0
+if [[ "${1:-}" == "--plugin" ]]; then
+  plugin=1
+  shift
+fi
 mkdir -p "$out/src" "$out/obj"
 
 cmake -S "$repo/kernels" -B "$out/kernels" -G Ninja -DSPARSYNC_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$out/kernels.log"
 cmake --build "$out/kernels" --target sparsync_kernels >>"$out/kernels.log"
 
-cxx=(g++ -std=c++20 -O2 -g -pthread -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas
-     -I"$here/include" -I"$repo")
+# -fPIC: the same objects go into the emulated plugin (--plugin).
+cxx=(g++ -std=c++20 -O2 -g -pthread -fPIC -Wall -Wextra -Wno-unused-parameter
+     -Wno-unknown-pragmas -I"$here/include" -I"$repo")
 sources=()
 for cu in select threshold random aggregate; do
   python3 "$here/translate_launches.py" "$repo/kernels/cuda/$cu.cu" "$out/src/$cu.cc"
   sources+=("$out/src/$cu.cc")
 done
 sources+=("$repo/kernels/cuda/workspace.cc" "$repo/kernels/cuda/cuda_status.cc")
-for t in topk selection aggregate workspace; do
-  sources+=("$repo/tests/unit/kernels/cuda/${t}_test.cc")
-done
+if (( plugin )); then
+  sources+=("$repo/kernels/cuda/sparsify_plugin.cc")
+else
+  for t in topk selection aggregate workspace; do
+    sources+=("$repo/tests/unit/kernels/cuda/${t}_test.cc")
+  done
+fi
 objects=()
 for src in "${sources[@]}"; do
-  obj="$out/obj/$(basename "$src").o"
+  obj="$out/obj/$(basename "$src").pic.o"
   objects+=("$obj")
   newer_header=""
   [[ -f "$obj" ]] &&
@@ -46,6 +61,18 @@ for src in "${sources[@]}"; do
   while (( $(jobs -rp | wc -l) >= jobs )); do wait -n; done
 done
 wait
+if (( plugin )); then
+  "${cxx[@]}" -shared -o "$out/libsparsync_sparsify_emulated.so" "${objects[@]}" \
+    "$out/kernels/libsparsync_kernels.a" \
+    -Wl,--version-script="$repo/kernels/cuda/sparsify_plugin.map" -Wl,--no-undefined
+  "${cxx[@]}" -o "$out/sparsify_plugin_emulated_test" \
+    "$repo/tests/unit/kernels/sparsify_plugin_test.cc" "$out/kernels/libsparsync_kernels.a" \
+    -lgtest_main -lgtest -ldl
+  echo "running sparsify_plugin_test on the emulated CUDA sparsification library" >&2
+  SPARSYNC_TEST_SPARSIFY_PLUGIN="$out/libsparsync_sparsify_emulated.so" \
+    "$out/sparsify_plugin_emulated_test" "$@"
+  exit
+fi
 "${cxx[@]}" -o "$out/kernels_cuda_emulated_test" "${objects[@]}" \
   "$out/kernels/libsparsync_kernels.a" -lgtest_main -lgtest
 echo "running the CUDA kernel tests under emulation" >&2
