@@ -23,6 +23,8 @@ struct SparsifyLibrary {
                       sparsync_sp_workspace*, void*, sparsync_sp_error*);
   int (*ScatterAddAverage)(const sparsync_sp_payload*, int, float*, int64_t, double,
                            sparsync_sp_workspace*, void*, sparsync_sp_error*);
+  int (*PackFloat16Residual)(const float*, const int32_t*, int64_t, uint16_t*, float*, int64_t,
+                             void*, sparsync_sp_error*);
   int (*Finish)(sparsync_sp_workspace*, void*, int64_t*, sparsync_sp_error*);
 };
 
@@ -55,6 +57,8 @@ std::shared_ptr<const SparsifyLibrary> LoadLibrary(const std::string& path, std:
                        &missing) &&
             BindSymbol(handle, "sparsync_sp_topk_residual", &lib->TopKResidual, &missing) &&
             BindSymbol(handle, "sparsync_sp_scatter_add_average", &lib->ScatterAddAverage,
+                       &missing) &&
+            BindSymbol(handle, "sparsync_sp_pack_float16_residual", &lib->PackFloat16Residual,
                        &missing) &&
             BindSymbol(handle, "sparsync_sp_finish", &lib->Finish, &missing);
   if (!ok) {
@@ -117,7 +121,8 @@ void DeviceSparse::Scratch::Clear() {
     (void)rt->SetDevice(device);
     if (workspace != nullptr) lib->WorkspaceDestroy(workspace);
     for (void* p : {static_cast<void*>(group), static_cast<void*>(residual),
-                    static_cast<void*>(indices), static_cast<void*>(values)}) {
+                    static_cast<void*>(indices), static_cast<void*>(values),
+                    static_cast<void*>(halves)}) {
       if (p != nullptr) (void)rt->Free(p);
     }
   }
@@ -128,7 +133,8 @@ void DeviceSparse::Scratch::Clear() {
   workspace_numel = workspace_k = 0;
   group = residual = values = nullptr;
   indices = nullptr;
-  group_capacity = pairs_capacity = 0;
+  halves = nullptr;
+  group_capacity = pairs_capacity = halves_capacity = 0;
 }
 
 DeviceSparse::DeviceSparse(std::string library) : library_(std::move(library)) {}
@@ -294,6 +300,10 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
       SPARSYNC_RETURN_IF_ERROR(Grow(rt, device, &scratch->values, k, "the selection"));
       scratch->pairs_capacity = k;
     }
+    if (sparse->SendsFloat16() && scratch->halves_capacity < static_cast<size_t>(k)) {
+      SPARSYNC_RETURN_IF_ERROR(Grow(rt, device, &scratch->halves, k, "the float16 values"));
+      scratch->halves_capacity = k;
+    }
     if (scratch->workspace_numel < static_cast<int64_t>(n) || scratch->workspace_k < k) {
       if (scratch->workspace != nullptr) lib->WorkspaceDestroy(scratch->workspace);
       scratch->workspace = nullptr;
@@ -360,6 +370,14 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
     SPARSYNC_RETURN_IF_ERROR(
         FromLibrary(code, error, "top-k on CUDA device " + std::to_string(device)));
     if (count < 0 || count > k) return Internal("top-k selected " + std::to_string(count) + " of " + std::to_string(k));
+  }
+  if (count > 0 && sparse->SendsFloat16()) {
+    // The peers get the values as float16: what that rounding drops stays in the residual (the
+    // host encodes the same halves from the float32 values below).
+    SPARSYNC_RETURN_IF_ERROR(FromLibrary(
+        lib->PackFloat16Residual(scratch->values, scratch->indices, count, scratch->halves,
+                                 scratch->residual, static_cast<int64_t>(n), stream, &error),
+        error, "float16 packing on CUDA device " + std::to_string(device)));
   }
   prepared->indices.resize(static_cast<size_t>(count));
   prepared->values.resize(static_cast<size_t>(count));

@@ -7,7 +7,8 @@
 //                      device (device-to-device copies); top-k of |sum + residual| is selected
 //                      there (kernels/cuda TopKWithResidual, through the CUDA sparsification
 //                      library, kernels/cuda/sparsify_plugin.h), which also leaves the new
-//                      residual; the k pairs are copied to the host and encoded as on the host
+//                      residual (with float16 values, what their rounding drops goes back into
+//                      it there); the k pairs are copied to the host and encoded as on the host
 //                      path (SparseReducer::PrepareSelected).
 //   stage B (Finish)   after the exchange (SparseReducer::ExchangeSelected) the decoded pairs of
 //                      every node are copied to the device and scatter-added in node order and
@@ -84,6 +85,8 @@ class DeviceSparse {
     int32_t* indices = nullptr;  // the selection (k), then every node's pairs
     float* values = nullptr;
     size_t pairs_capacity = 0;
+    uint16_t* halves = nullptr;  // the selection's values as float16 (SPARSYNC_VALUE_DTYPE)
+    size_t halves_capacity = 0;
   };
 
   // Whether `members` can take the device path: each one's node sum still on the device

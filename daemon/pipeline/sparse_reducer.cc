@@ -280,8 +280,7 @@ void SparseReducer::WarnSkipped(const PreparedGroup& prepared) const {
 }
 
 bool SelectsOnDevice(const Config& config) {
-  return config.compressor == Compressor::kTopK && config.ErrorFeedback() &&
-         config.value_dtype == ValueDType::kFloat32;
+  return config.compressor == Compressor::kTopK && config.ErrorFeedback();
 }
 
 bool SparseReducer::SelectsOnDevice() const { return pipeline::SelectsOnDevice(config_); }

@@ -74,6 +74,8 @@ class SparseReducer {
   // The device path (device_sparse.h) selects on the GPU and uses this reducer for the rest:
   // whether this one's groups may go there (SelectsOnDevice(config) below).
   bool SelectsOnDevice() const;
+  // Whether the payload carries float16 values (SPARSYNC_VALUE_DTYPE=float16).
+  bool SendsFloat16() const { return value_coding_ == ValueCoding::kFloat16; }
   // k for a group of n elements.
   int64_t SelectedCount(int64_t n) const;
   // Stage A after a selection made elsewhere: `prepared` holds finite, nonfinite_index and, when
@@ -139,8 +141,8 @@ class SparseReducer {
 // the daemon's configuration: a gradient tensor may choose its own compressor at registration.
 // For() is called by the preparing side only (one thread).
 // Whether groups under `config` may be selected on the GPU (DeviceSparse): top-k with error
-// feedback and float32 values, which the peers decode exactly, so the residual the device keeps
-// needs no correction from the host.
+// feedback, with float32 values or float16 ones (whose rounding the device puts back into the
+// residual), so the residual the device keeps needs no correction from the host.
 bool SelectsOnDevice(const Config& config);
 
 // The configuration of a tensor registered with `wire_compressor` and `density` (0: the

@@ -92,6 +92,15 @@ int ScatterAdd(const sparsync_sp_payload* payloads, int num_payloads, float* den
   return launched.ok() ? SPARSYNC_SP_OK : Fail(error, SPARSYNC_SP_CUDA, launched);
 }
 
+int PackHalves(const float* values, const int32_t* indices, int64_t count, uint16_t* out,
+                float* residual, int64_t numel, void* stream, sparsync_sp_error* error) {
+  const Status args = plugin::CheckPackArgs(values, indices, count, out, residual, numel);
+  if (!args.ok()) return Fail(error, SPARSYNC_SP_INVALID_ARGUMENT, args);
+  const Status launched =
+      PackFloat16WithResidual(values, indices, count, out, residual, numel, Stream(stream));
+  return launched.ok() ? SPARSYNC_SP_OK : Fail(error, SPARSYNC_SP_CUDA, launched);
+}
+
 int FinishCall(sparsync_sp_workspace* workspace, void* stream, int64_t* count,
                sparsync_sp_error* error) {
   if (count != nullptr) *count = 0;
@@ -154,6 +163,17 @@ SPARSYNC_SP_EXPORT int sparsync_sp_scatter_add_average(const sparsync_sp_payload
   return Guarded("sparsync_sp_scatter_add_average", error, [&] {
     return sparsync::kernels::cuda::ScatterAdd(payloads, num_payloads, dense, numel, divisor,
                                                workspace, stream, error);
+  });
+}
+
+SPARSYNC_SP_EXPORT int sparsync_sp_pack_float16_residual(const float* values,
+                                                         const int32_t* indices, int64_t count,
+                                                         uint16_t* out, float* residual,
+                                                         int64_t numel, void* stream,
+                                                         sparsync_sp_error* error) {
+  return Guarded("sparsync_sp_pack_float16_residual", error, [&] {
+    return sparsync::kernels::cuda::PackHalves(values, indices, count, out, residual, numel,
+                                                stream, error);
   });
 }
 

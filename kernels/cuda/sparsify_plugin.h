@@ -79,6 +79,15 @@ int sparsync_sp_scatter_add_average(const sparsync_sp_payload* payloads, int num
                                     sparsync_sp_workspace* workspace, void* stream,
                                     sparsync_sp_error* error);
 
+/* out[j] = the float16 bits of values[j] (round to nearest even), and residual[indices[j]] =
+ * values[j] - float(out[j]): the part of each value that float16 does not carry goes back to the
+ * residual, which top-k left zero there (cuda_kernels.h PackFloat16WithResidual). Entries whose
+ * index is outside [0, numel) are skipped. Enqueues only; uses no workspace, so it leaves the
+ * result sparsync_sp_finish reports unchanged. */
+int sparsync_sp_pack_float16_residual(const float* values, const int32_t* indices, int64_t count,
+                                      uint16_t* out, float* residual, int64_t numel, void* stream,
+                                      sparsync_sp_error* error);
+
 /* Waits for `stream`, then gives the result of the workspace's last call: *count is the number
  * of pairs a selection wrote (0 after a scatter-add). */
 int sparsync_sp_finish(sparsync_sp_workspace* workspace, void* stream, int64_t* count,

@@ -124,4 +124,18 @@ inline Status CheckScatterAddArgs(const sparsync_sp_payload* payloads, int num_p
   return Status::Ok();
 }
 
+inline Status CheckPackArgs(const float* values, const int32_t* indices, int64_t count,
+                           const uint16_t* out, const float* residual, int64_t numel) {
+  const std::string who = "sparsync_sp_pack_float16_residual: ";
+  if (count < 0 || numel < 0) {
+    return InvalidArgumentError(who + "count " + std::to_string(count) + " and numel " +
+                                std::to_string(numel) + " must not be negative");
+  }
+  if (count > 0 &&
+      (values == nullptr || indices == nullptr || out == nullptr || residual == nullptr)) {
+    return InvalidArgumentError(who + "null values, indices, out or residual");
+  }
+  return Status::Ok();
+}
+
 }  // namespace sparsync::kernels::cuda::plugin

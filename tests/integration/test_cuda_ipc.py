@@ -126,14 +126,18 @@ def run_reduce(job_factory, fake_cudart, nodes, local_size, device, env):
 
 # Top-k on the "GPU" (the fake sparsification library, on the fake CUDA runtime) against the same
 # job sparsified on the host: one worker per node, two GPUs of a node summed with NCCL, and two
-# workers sharing a GPU (summed on the host, so sparsified there too).
-@pytest.mark.parametrize("nodes,local_size,device,on_device", [
-    (2, 1, "1", True), (1, 2, "local_rank", True), (1, 2, "1", False), (1, 1, "0", True)])
+# workers sharing a GPU (summed on the host, so sparsified there too); values sent as float32 or
+# as float16 (whose rounding goes back into the residual on the device).
+@pytest.mark.parametrize("nodes,local_size,device,on_device,values", [
+    (2, 1, "1", True, "float32"), (1, 2, "local_rank", True, "float32"),
+    (1, 2, "1", False, "float32"), (1, 1, "0", True, "float32"), (2, 1, "1", True, "float16")])
 def test_cuda_gradients_sparsified_on_the_device_match_the_host(
-        job_factory, fake_cudart, fake_nccl, fake_sparsify, nodes, local_size, device, on_device):
+        job_factory, fake_cudart, fake_nccl, fake_sparsify, nodes, local_size, device, on_device,
+        values):
     base = {"SPARSYNC_CUDART": fake_cudart, "SPARSYNC_LIBNCCL": fake_nccl,
             "SPARSYNC_SPARSIFY_LIBRARY": fake_sparsify, "SPARSYNC_COMPRESSOR": "topk",
-            "SPARSYNC_DENSITY": "0.05", "SPARSYNC_MIN_COMPRESS_BYTES": "0"}
+            "SPARSYNC_DENSITY": "0.05", "SPARSYNC_MIN_COMPRESS_BYTES": "0",
+            "SPARSYNC_VALUE_DTYPE": values}
     on_gpu, gpu_logs = run_reduce(job_factory, fake_cudart, nodes, local_size, device,
                                   {**base, "SPARSYNC_DEVICE_SPARSIFY": "auto"})
     on_host, host_logs = run_reduce(job_factory, fake_cudart, nodes, local_size, device,

@@ -26,6 +26,7 @@ if [[ "${1:-}" == "--plugin" ]]; then
   shift
 fi
 mkdir -p "$out/src" "$out/obj"
+rm -f "$out/compile-failed"
 
 cmake -S "$repo/kernels" -B "$out/kernels" -G Ninja -DSPARSYNC_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$out/kernels.log"
@@ -56,11 +57,16 @@ for src in "${sources[@]}"; do
     newer_header=$(find "$repo/kernels" "$here/include" "$repo/tests/unit/kernels" \
     -newer "$obj" \( -name '*.h' -o -name '*.cuh' \) -print -quit)
   if [[ ! -f "$obj" || "$src" -nt "$obj" || -n "$newer_header" ]]; then
-    "${cxx[@]}" -c "$src" -o "$obj" &
+    # A failed compile is marked, since waiting on background jobs does not report it.
+    { "${cxx[@]}" -c "$src" -o "$obj" || { rm -f "$obj"; touch "$out/compile-failed"; }; } &
   fi
-  while (( $(jobs -rp | wc -l) >= jobs )); do wait -n; done
+  while (( $(jobs -rp | wc -l) >= jobs )); do wait -n || true; done
 done
 wait
+if [[ -e "$out/compile-failed" ]]; then
+  echo "emulation: a source failed to compile (errors above)" >&2
+  exit 1
+fi
 if (( plugin )); then
   "${cxx[@]}" -shared -o "$out/libsparsync_sparsify_emulated.so" "${objects[@]}" \
     "$out/kernels/libsparsync_kernels.a" \

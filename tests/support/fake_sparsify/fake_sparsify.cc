@@ -14,6 +14,8 @@
 //                  then divided by (float)divisor unless it is 1. Entries out of [0, numel) or
 //                  not strictly above the entry before them are skipped; finish reports them as
 //                  SPARSYNC_SP_INVALID_ARGUMENT.
+//   float16 pack   out[j] = kernels/dtype.h FloatToHalf(values[j]) and residual[indices[j]] =
+//                  values[j] - HalfToFloat(out[j]), entries out of [0, numel) skipped.
 //   arguments      checked by the code the real library uses (sparsify_plugin_support.h); a
 //                  rejected call leaves the workspace's last result as it was.
 // For tests it also counts the selections and scatter-adds it ran (sparsync_fake_sp_calls).
@@ -25,6 +27,7 @@
 
 #include "kernels/cuda/sparsify_plugin.h"
 #include "kernels/cuda/sparsify_plugin_support.h"
+#include "kernels/dtype.h"
 #include "kernels/sparsifier.h"
 
 struct sparsync_sp_workspace {
@@ -149,6 +152,18 @@ int ScatterAdd(const sparsync_sp_payload* payloads, int num_payloads, float* den
   return SPARSYNC_SP_OK;
 }
 
+int PackFloat16(const float* values, const int32_t* indices, int64_t count, uint16_t* out,
+                float* residual, int64_t numel, sparsync_sp_error* error) {
+  const Status args = CheckPackArgs(values, indices, count, out, residual, numel);
+  if (!args.ok()) return Reject(error, args);
+  for (int64_t j = 0; j < count; ++j) {
+    out[j] = FloatToHalf(values[j]);
+    const int64_t i = indices[j];
+    if (i >= 0 && i < numel) residual[i] = values[j] - HalfToFloat(out[j]);
+  }
+  return SPARSYNC_SP_OK;
+}
+
 int FinishCall(sparsync_sp_workspace* ws, int64_t* count, sparsync_sp_error* error) {
   if (count != nullptr) *count = 0;
   if (ws == nullptr) {
@@ -200,6 +215,16 @@ SPARSYNC_SP_EXPORT int sparsync_sp_scatter_add_average(const sparsync_sp_payload
                                                        void* stream, sparsync_sp_error* error) {
   return Guarded("sparsync_sp_scatter_add_average", error, [&] {
     return fake::ScatterAdd(payloads, num_payloads, dense, numel, divisor, workspace, error);
+  });
+}
+
+SPARSYNC_SP_EXPORT int sparsync_sp_pack_float16_residual(const float* values,
+                                                         const int32_t* indices, int64_t count,
+                                                         uint16_t* out, float* residual,
+                                                         int64_t numel, void*,
+                                                         sparsync_sp_error* error) {
+  return Guarded("sparsync_sp_pack_float16_residual", error, [&] {
+    return fake::PackFloat16(values, indices, count, out, residual, numel, error);
   });
 }
 

@@ -25,6 +25,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/dtype.h"
 #include "kernels/reference/reference.h"
 #include "tests/unit/kernels/test_util.h"
 
@@ -55,6 +56,7 @@ struct Library {
   decltype(&sparsync_sp_workspace_destroy) workspace_destroy = nullptr;
   decltype(&sparsync_sp_topk_residual) topk_residual = nullptr;
   decltype(&sparsync_sp_scatter_add_average) scatter_add_average = nullptr;
+  decltype(&sparsync_sp_pack_float16_residual) pack_float16_residual = nullptr;
   decltype(&sparsync_sp_finish) finish = nullptr;
   int64_t (*fake_calls)() = nullptr;  // only in the fake
   bool device = false;                // buffers in device memory through `cuda`
@@ -108,6 +110,7 @@ Library Load() {
   Resolve(handle, "sparsync_sp_workspace_destroy", &lib.workspace_destroy, &e);
   Resolve(handle, "sparsync_sp_topk_residual", &lib.topk_residual, &e);
   Resolve(handle, "sparsync_sp_scatter_add_average", &lib.scatter_add_average, &e);
+  Resolve(handle, "sparsync_sp_pack_float16_residual", &lib.pack_float16_residual, &e);
   Resolve(handle, "sparsync_sp_finish", &lib.finish, &e);
   lib.fake_calls = reinterpret_cast<int64_t (*)()>(dlsym(handle, "sparsync_fake_sp_calls"));
   const char* device = std::getenv("SPARSYNC_TEST_SPARSIFY_DEVICE");
@@ -435,6 +438,51 @@ TEST_F(SparsifyPluginTest, InvalidPayloadEntriesAreReportedAndNeverWrittenOutOfB
       ASSERT_EQ(all[kGuard + kNumel + g], -5.0f) << "guard after, " << g;
     }
   }
+}
+
+TEST_F(SparsifyPluginTest, Float16PackingPutsTheRoundingBackIntoTheResidual) {
+  constexpr int64_t kNumel = 3000;
+  ASSERT_NE(Workspace(kNumel, 8), nullptr);  // only for Finish, which waits for the stream
+  // Values float16 holds exactly, ones it rounds (to even, up and down), tiny and large ones.
+  const std::vector<float> host_values = {0.5f,    -2.0f,   1.0f / 3.0f, 1.00048828125f,
+                                          3.14159f, -1e-6f, 6.0e4f,      -123.456f};
+  const std::vector<int32_t> host_indices = {3, 10, 11, 400, 401, 2000, 2998, 2999};
+  const auto count = static_cast<int64_t>(host_values.size());
+  std::vector<float> host_residual(kNumel, 7.0f);
+  for (int32_t i : host_indices) host_residual[i] = 0.0f;  // where top-k selected
+  Buffer<float> values(lib(), host_values);
+  Buffer<int32_t> indices(lib(), host_indices);
+  Buffer<uint16_t> out(lib(), std::vector<uint16_t>(count, 0));
+  Buffer<float> residual(lib(), host_residual);
+  sparsync_sp_error error{};
+  ASSERT_EQ(lib().pack_float16_residual(values.get(), indices.get(), count, out.get(),
+                                        residual.get(), kNumel, stream(), &error),
+            SPARSYNC_SP_OK)
+      << error.message;
+  int64_t unused = -1;
+  ASSERT_EQ(Finish(&unused, &error), SPARSYNC_SP_OK) << error.message;
+  const std::vector<uint16_t> halves = out.Download();
+  const std::vector<float> kept = residual.Download();
+  for (int64_t j = 0; j < count; ++j) {
+    EXPECT_EQ(halves[j], FloatToHalf(host_values[j])) << j;
+    const float dropped = host_values[j] - HalfToFloat(FloatToHalf(host_values[j]));
+    host_residual[host_indices[j]] = dropped;
+  }
+  for (int64_t i = 0; i < kNumel; ++i) ASSERT_TRUE(SameBits(kept[i], host_residual[i])) << i;
+  EXPECT_NE(host_residual[11], 0.0f);  // 1/3 is not a float16: something was put back
+
+  // An index outside [0, numel) is skipped, the rest still packed.
+  Buffer<int32_t> outside(lib(), std::vector<int32_t>{5, kNumel});
+  ASSERT_EQ(lib().pack_float16_residual(values.get(), outside.get(), 2, out.get(), residual.get(),
+                                        kNumel, stream(), &error),
+            SPARSYNC_SP_OK)
+      << error.message;
+  ASSERT_EQ(Finish(&unused, &error), SPARSYNC_SP_OK) << error.message;
+  EXPECT_TRUE(SameBits(residual.Download()[5], 0.0f));  // 0.5 is exact in float16
+  ASSERT_EQ(lib().pack_float16_residual(nullptr, indices.get(), 1, out.get(), residual.get(),
+                                        kNumel, stream(), &error),
+            SPARSYNC_SP_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(error.message).find("null"), std::string::npos) << error.message;
 }
 
 TEST_F(SparsifyPluginTest, BadArgumentsAreRejectedWithAMessage) {

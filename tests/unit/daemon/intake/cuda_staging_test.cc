@@ -653,11 +653,13 @@ class DeviceSparseTest : public CudaStagingTest {
     CudaStagingTest::TearDown();
   }
 
-  std::unique_ptr<pipeline::SparseReducer> MakeReducer(NonFinitePolicy nonfinite) {
+  std::unique_ptr<pipeline::SparseReducer> MakeReducer(
+      NonFinitePolicy nonfinite, ValueDType values = ValueDType::kFloat32) {
     Config config;
     config.compressor = Compressor::kTopK;
     config.density = 0.01;
     config.nonfinite = nonfinite;
+    config.value_dtype = values;
     auto r = pipeline::SparseReducer::Create(config, 0, 1, &transport_);
     EXPECT_TRUE(r.ok());
     return r.ok() ? std::move(*r) : nullptr;
@@ -779,6 +781,42 @@ TEST_F(DeviceSparseTest, ResidualsFollowATensorToTheHostAndBack) {
   pipeline::DeliverResult(members[0]);
   ReceiveDone();
   table_->Finish(members);
+}
+
+TEST_F(DeviceSparseTest, Float16ValuesLeaveTheirRoundingInTheResidualAsOnTheHost) {
+  DeviceTensor* t = NewTensor("fc.weight", 1000, 0, 4096, 5);
+  ASSERT_EQ(Register(t).status, SPARSYNC_OK);
+  const std::string name = "fc.weight";
+  std::vector<pipeline::GroupSlice> slices{{&name, 0, 1000}};
+  std::vector<float> grad(1000);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i) * 0.37f + 0.001f;
+  auto halves = MakeReducer(NonFinitePolicy::kError, ValueDType::kFloat16);
+  bool fall_back = true;
+  uint32_t tag = 0;
+  std::vector<GroupMember> members = Round(t, 1, grad);
+  ASSERT_TRUE(device_->Select(members, slices, halves.get(), &scratch_, &prepared_, &fall_back).ok());
+  ASSERT_FALSE(fall_back);
+  ASSERT_TRUE(device_->Finish(members, slices, halves.get(), &scratch_, prepared_, 1.0, &tag).ok());
+  const std::vector<float> on_device = TensorValues(t);
+  ASSERT_TRUE(device_->MoveResidualsToHost(slices, halves.get()).ok());
+  pipeline::DeliverResult(members[0]);
+  ReceiveDone();
+  table_->Finish(members);
+
+  // The same step on the host, from scratch.
+  auto host = MakeReducer(NonFinitePolicy::kError, ValueDType::kFloat16);
+  std::vector<float> group = grad;
+  ASSERT_TRUE(host->Reduce(slices, group, 1, 7, 1.0, &tag).ok());
+  for (size_t i = 0; i < 1000; ++i) ASSERT_TRUE(on_device[i] == group[i]) << i;
+  std::span<const float> expected = host->state().Get(pipeline::TensorState::Kind::kResidual, name);
+  std::span<const float> kept = halves->state().Get(pipeline::TensorState::Kind::kResidual, name);
+  ASSERT_EQ(kept.size(), expected.size());
+  int rounded = 0;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&kept[i], &expected[i], sizeof(float)), 0) << i;
+    rounded += i >= 990 && kept[i] != 0.0f;
+  }
+  EXPECT_GT(rounded, 0) << "no selected value was rounded: the test checks nothing";
 }
 
 TEST_F(DeviceSparseTest, ANonFiniteGradientFollowsThePolicy) {
