@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <vector>
+
 #include "daemon/intake/server.h"
 #include "daemon/negotiation/coordinator_core.h"
 #include "daemon/negotiation/grpc_link.h"
@@ -111,9 +113,16 @@ Status Daemon::Start() {
   if (config_.device_sparsify) {
     device_sparse = std::make_shared<pipeline::DeviceSparse>(config_.sparsify_library);
     SPARSYNC_RETURN_IF_ERROR(device_sparse->LoadExplicit());
-    cuda.keep_on_device = [device_sparse, config = config_](const negotiation::TensorMeta& meta) {
-      auto tensor = pipeline::TensorConfig(config, meta.compressor, meta.density);
-      return tensor.ok() && pipeline::SelectsOnDevice(*tensor) && device_sparse->Available();
+    // Which compressors a tensor may choose at registration go to the device (the density does
+    // not matter), worked out once rather than for every gradient of every step.
+    std::vector<bool> on_device(SPARSYNC_COMPRESSOR_COUNT, false);
+    for (uint32_t c = 0; c < SPARSYNC_COMPRESSOR_COUNT; ++c) {
+      auto tensor = pipeline::TensorConfig(config_, c, 0);
+      on_device[c] = tensor.ok() && pipeline::SelectsOnDevice(*tensor);
+    }
+    cuda.keep_on_device = [device_sparse, on_device](const negotiation::TensorMeta& meta) {
+      return meta.compressor < on_device.size() && on_device[meta.compressor] &&
+             device_sparse->Available();
     };
   }
   // The table reports to the agent, which is built next; neither is used before intake starts.

@@ -51,16 +51,15 @@ std::shared_ptr<const SparsifyLibrary> LoadLibrary(const std::string& path, std:
   lib->path = path;
   std::string missing;
   using intake::BindSymbol;
-  bool ok = BindSymbol(handle, "sparsync_sp_abi_version", &lib->AbiVersion, &missing) &&
-            BindSymbol(handle, "sparsync_sp_workspace_create", &lib->WorkspaceCreate, &missing) &&
-            BindSymbol(handle, "sparsync_sp_workspace_destroy", &lib->WorkspaceDestroy,
-                       &missing) &&
-            BindSymbol(handle, "sparsync_sp_topk_residual", &lib->TopKResidual, &missing) &&
-            BindSymbol(handle, "sparsync_sp_scatter_add_average", &lib->ScatterAddAverage,
-                       &missing) &&
-            BindSymbol(handle, "sparsync_sp_pack_float16_residual", &lib->PackFloat16Residual,
-                       &missing) &&
-            BindSymbol(handle, "sparsync_sp_finish", &lib->Finish, &missing);
+  bool ok =
+      BindSymbol(handle, "sparsync_sp_abi_version", &lib->AbiVersion, &missing) &&
+      BindSymbol(handle, "sparsync_sp_workspace_create", &lib->WorkspaceCreate, &missing) &&
+      BindSymbol(handle, "sparsync_sp_workspace_destroy", &lib->WorkspaceDestroy, &missing) &&
+      BindSymbol(handle, "sparsync_sp_topk_residual", &lib->TopKResidual, &missing) &&
+      BindSymbol(handle, "sparsync_sp_scatter_add_average", &lib->ScatterAddAverage, &missing) &&
+      BindSymbol(handle, "sparsync_sp_pack_float16_residual", &lib->PackFloat16Residual,
+                 &missing) &&
+      BindSymbol(handle, "sparsync_sp_finish", &lib->Finish, &missing);
   if (!ok) {
     *error = path + " is not a CUDA sparsification library: it lacks " + missing;
     return nullptr;
@@ -89,15 +88,15 @@ Status Grow(const CudaRuntime& rt, int device, T** buffer, size_t count, const c
   if (*buffer != nullptr) (void)rt.Free(*buffer);
   *buffer = nullptr;
   void* p = nullptr;
-  SPARSYNC_RETURN_IF_ERROR(Cuda(rt, rt.Malloc(&p, count * sizeof(T)),
-                                std::string("cudaMalloc of ") + what, device));
+  SPARSYNC_RETURN_IF_ERROR(
+      Cuda(rt, rt.Malloc(&p, count * sizeof(T)), std::string("cudaMalloc of ") + what, device));
   *buffer = static_cast<T*>(p);
   return Status::Ok();
 }
 
 // Adds the device residual `data` of `name` to `host` and frees it. Blocks for the copy.
-Status Download(const std::string& name, const std::shared_ptr<const CudaRuntime>& rt,
-                       int device, float* data, size_t count, std::vector<float>* host) {
+Status Download(const std::string& name, const std::shared_ptr<const CudaRuntime>& rt, int device,
+                float* data, size_t count, std::vector<float>* host) {
   std::vector<float> v(count);
   SPARSYNC_RETURN_IF_ERROR(Cuda(*rt, rt->SetDevice(device), "cudaSetDevice", device));
   Status st = Cuda(*rt,
@@ -120,9 +119,9 @@ void DeviceSparse::Scratch::Clear() {
   if (rt) {
     (void)rt->SetDevice(device);
     if (workspace != nullptr) lib->WorkspaceDestroy(workspace);
-    for (void* p : {static_cast<void*>(group), static_cast<void*>(residual),
-                    static_cast<void*>(indices), static_cast<void*>(values),
-                    static_cast<void*>(halves)}) {
+    for (void* p :
+         {static_cast<void*>(group), static_cast<void*>(residual), static_cast<void*>(indices),
+          static_cast<void*>(values), static_cast<void*>(halves)}) {
       if (p != nullptr) (void)rt->Free(p);
     }
   }
@@ -224,8 +223,8 @@ Status DeviceSparse::MoveResidualsToHost(std::span<const GroupSlice> slices,
 }
 
 Result<float*> DeviceSparse::ResidualOn(const std::string& name, size_t count, int device,
-                                        const std::shared_ptr<const CudaRuntime>& rt,
-                                        void* stream, SparseReducer* sparse,
+                                        const std::shared_ptr<const CudaRuntime>& rt, void* stream,
+                                        SparseReducer* sparse,
                                         std::vector<std::vector<float>>* uploads) {
   Residual r;
   {
@@ -252,8 +251,7 @@ Result<float*> DeviceSparse::ResidualOn(const std::string& name, size_t count, i
   }
   uploads->push_back(std::move(host));
   SPARSYNC_RETURN_IF_ERROR(Cuda(*rt,
-                                rt->MemcpyAsync(data, uploads->back().data(),
-                                                count * sizeof(float),
+                                rt->MemcpyAsync(data, uploads->back().data(), count * sizeof(float),
                                                 intake::kCudaMemcpyHostToDevice, stream),
                                 "copying the residual of '" + name + "' to the device", device));
   return data;
@@ -308,10 +306,9 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
       if (scratch->workspace != nullptr) lib->WorkspaceDestroy(scratch->workspace);
       scratch->workspace = nullptr;
       sparsync_sp_error error{};
-      SPARSYNC_RETURN_IF_ERROR(
-          FromLibrary(lib->WorkspaceCreate(static_cast<int64_t>(n), k, &scratch->workspace, &error),
-                      error, "making a sparsification workspace on CUDA device " +
-                                 std::to_string(device)));
+      SPARSYNC_RETURN_IF_ERROR(FromLibrary(
+          lib->WorkspaceCreate(static_cast<int64_t>(n), k, &scratch->workspace, &error), error,
+          "making a sparsification workspace on CUDA device " + std::to_string(device)));
       scratch->workspace_numel = static_cast<int64_t>(n);
       scratch->workspace_k = k;
     }
@@ -334,13 +331,13 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
     SPARSYNC_RETURN_IF_ERROR(t.Check(rt.MemcpyAsync(scratch->group + s.offset, t.data(), bytes,
                                                     intake::kCudaMemcpyDeviceToDevice, stream),
                                      "copying the tensor into the device group buffer"));
-    SPARSYNC_ASSIGN_OR_RETURN(float* residual,
-                              ResidualOn(*s.name, s.count, device, rt_ptr, stream, sparse, &uploads));
+    SPARSYNC_ASSIGN_OR_RETURN(
+        float* residual, ResidualOn(*s.name, s.count, device, rt_ptr, stream, sparse, &uploads));
     float* dst = scratch->residual + s.offset;
     if (residual != nullptr) {
-      SPARSYNC_RETURN_IF_ERROR(t.Check(
-          rt.MemcpyAsync(dst, residual, bytes, intake::kCudaMemcpyDeviceToDevice, stream),
-          "copying the residual into the device group buffer"));
+      SPARSYNC_RETURN_IF_ERROR(
+          t.Check(rt.MemcpyAsync(dst, residual, bytes, intake::kCudaMemcpyDeviceToDevice, stream),
+                  "copying the residual into the device group buffer"));
     } else {
       SPARSYNC_RETURN_IF_ERROR(
           t.Check(rt.MemsetAsync(dst, 0, bytes, stream), "clearing the residual"));
@@ -359,17 +356,19 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
   prepared->finite = code != SPARSYNC_SP_NONFINITE;
   if (!prepared->finite) {
     bad = error.index;
-    if (bad < 0 || static_cast<size_t>(bad) >= n) return Internal("top-k: " + std::string(error.message));
+    if (bad < 0 || static_cast<size_t>(bad) >= n)
+      return Internal("top-k: " + std::string(error.message));
     // The node's sum at that element, for the message (the residual buffer is unspecified now).
-    SPARSYNC_RETURN_IF_ERROR(
-        Cuda(rt, rt.MemcpyAsync(&bad_value, scratch->group + bad, sizeof(float),
-                                intake::kCudaMemcpyDeviceToHost, stream),
-             "reading a non-finite value", device));
+    SPARSYNC_RETURN_IF_ERROR(Cuda(rt,
+                                  rt.MemcpyAsync(&bad_value, scratch->group + bad, sizeof(float),
+                                                 intake::kCudaMemcpyDeviceToHost, stream),
+                                  "reading a non-finite value", device));
     count = 0;
   } else {
     SPARSYNC_RETURN_IF_ERROR(
         FromLibrary(code, error, "top-k on CUDA device " + std::to_string(device)));
-    if (count < 0 || count > k) return Internal("top-k selected " + std::to_string(count) + " of " + std::to_string(k));
+    if (count < 0 || count > k)
+      return Internal("top-k selected " + std::to_string(count) + " of " + std::to_string(k));
   }
   if (count > 0 && sparse->SendsFloat16()) {
     // The peers get the values as float16: what that rounding drops stays in the residual (the
@@ -382,21 +381,24 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
   prepared->indices.resize(static_cast<size_t>(count));
   prepared->values.resize(static_cast<size_t>(count));
   if (count > 0) {
-    SPARSYNC_RETURN_IF_ERROR(Cuda(
-        rt, rt.MemcpyAsync(prepared->indices.data(), scratch->indices, count * sizeof(int32_t),
-                           intake::kCudaMemcpyDeviceToHost, stream),
-        "copying the selection to the host", device));
-    SPARSYNC_RETURN_IF_ERROR(Cuda(
-        rt, rt.MemcpyAsync(prepared->values.data(), scratch->values, count * sizeof(float),
-                           intake::kCudaMemcpyDeviceToHost, stream),
-        "copying the selection to the host", device));
+    SPARSYNC_RETURN_IF_ERROR(
+        Cuda(rt,
+             rt.MemcpyAsync(prepared->indices.data(), scratch->indices, count * sizeof(int32_t),
+                            intake::kCudaMemcpyDeviceToHost, stream),
+             "copying the selection to the host", device));
+    SPARSYNC_RETURN_IF_ERROR(
+        Cuda(rt,
+             rt.MemcpyAsync(prepared->values.data(), scratch->values, count * sizeof(float),
+                            intake::kCudaMemcpyDeviceToHost, stream),
+             "copying the selection to the host", device));
   }
   SPARSYNC_RETURN_IF_ERROR(
       Cuda(rt, rt.StreamSynchronize(stream), "copying the selection to the host", device));
   if (prepared->finite && !announced_.exchange(true)) {
-    spdlog::info("top-k on CUDA device {} for the group of '{}' ({} elements): only the {} "
-                 "selected pairs are copied to the host",
-                 device, *slices[0].name, n, count);
+    spdlog::info(
+        "top-k on CUDA device {} for the group of '{}' ({} elements): only the {} "
+        "selected pairs are copied to the host",
+        device, *slices[0].name, n, count);
   }
   return sparse->PrepareSelected(slices, static_cast<int64_t>(n), bad, bad_value, prepared);
 }
@@ -435,12 +437,14 @@ Status DeviceSparse::Finish(std::span<GroupMember> members, std::span<const Grou
       const size_t c = p.indices.size();
       if (c > 0) {
         SPARSYNC_RETURN_IF_ERROR(
-            Cuda(rt, rt.MemcpyAsync(scratch->indices + at, p.indices.data(), c * sizeof(int32_t),
-                                    intake::kCudaMemcpyHostToDevice, stream),
+            Cuda(rt,
+                 rt.MemcpyAsync(scratch->indices + at, p.indices.data(), c * sizeof(int32_t),
+                                intake::kCudaMemcpyHostToDevice, stream),
                  "copying the gathered pairs to the device", device));
         SPARSYNC_RETURN_IF_ERROR(
-            Cuda(rt, rt.MemcpyAsync(scratch->values + at, p.values.data(), c * sizeof(float),
-                                    intake::kCudaMemcpyHostToDevice, stream),
+            Cuda(rt,
+                 rt.MemcpyAsync(scratch->values + at, p.values.data(), c * sizeof(float),
+                                intake::kCudaMemcpyHostToDevice, stream),
                  "copying the gathered pairs to the device", device));
       }
       views.push_back({scratch->indices + at, scratch->values + at, static_cast<int64_t>(c)});
@@ -449,13 +453,12 @@ Status DeviceSparse::Finish(std::span<GroupMember> members, std::span<const Grou
     sparsync_sp_error error{};
     SPARSYNC_RETURN_IF_ERROR(FromLibrary(
         lib.ScatterAddAverage(views.data(), static_cast<int>(views.size()), scratch->group,
-                              static_cast<int64_t>(n), divisor, scratch->workspace, stream,
-                              &error),
+                              static_cast<int64_t>(n), divisor, scratch->workspace, stream, &error),
         error, "scatter-add on CUDA device " + std::to_string(device)));
     int64_t unused = 0;
     SPARSYNC_RETURN_IF_ERROR(FromLibrary(lib.Finish(scratch->workspace, stream, &unused, &error),
-                                         error, "scatter-add on CUDA device " +
-                                                    std::to_string(device)));
+                                         error,
+                                         "scatter-add on CUDA device " + std::to_string(device)));
   }
 
   // Each tensor's result into local rank 0's buffer (DeliverResult takes it from there).
@@ -475,11 +478,13 @@ Status DeviceSparse::Finish(std::span<GroupMember> members, std::span<const Grou
   int kind = intake::kCudaMemcpyDeviceToDevice;
   if (skip && prepared.finite) {
     restored.resize(n);
-    SPARSYNC_RETURN_IF_ERROR(Cuda(
-        rt, rt.MemcpyAsync(restored.data(), scratch->residual, n * sizeof(float),
-                           intake::kCudaMemcpyDeviceToHost, stream),
-        "copying the residual to the host", device));
-    SPARSYNC_RETURN_IF_ERROR(Cuda(rt, rt.StreamSynchronize(stream), "cudaStreamSynchronize", device));
+    SPARSYNC_RETURN_IF_ERROR(
+        Cuda(rt,
+             rt.MemcpyAsync(restored.data(), scratch->residual, n * sizeof(float),
+                            intake::kCudaMemcpyDeviceToHost, stream),
+             "copying the residual to the host", device));
+    SPARSYNC_RETURN_IF_ERROR(
+        Cuda(rt, rt.StreamSynchronize(stream), "cudaStreamSynchronize", device));
     for (size_t j = 0; j < prepared.indices.size(); ++j) {
       restored[prepared.indices[j]] = prepared.values[j];
     }
@@ -499,10 +504,9 @@ Status DeviceSparse::Finish(std::span<GroupMember> members, std::span<const Grou
         std::lock_guard lock(mu_);
         residuals_[*s.name] = Residual{scratch->rt, device, data, s.count};
       }
-      SPARSYNC_RETURN_IF_ERROR(Cuda(rt,
-                                    rt.MemcpyAsync(data, source + s.offset,
-                                                   s.count * sizeof(float), kind, stream),
-                                    "keeping the residual of '" + *s.name + "'", device));
+      SPARSYNC_RETURN_IF_ERROR(
+          Cuda(rt, rt.MemcpyAsync(data, source + s.offset, s.count * sizeof(float), kind, stream),
+               "keeping the residual of '" + *s.name + "'", device));
     }
   }
   // Nothing on the host may go while the device still reads it.

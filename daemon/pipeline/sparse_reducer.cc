@@ -127,14 +127,14 @@ Status SparseReducer::Select(uint64_t step, uint32_t group_id, PreparedGroup* pr
   return Status::Ok();
 }
 
-Status SparseReducer::Pack(int64_t n, PreparedGroup* prepared) {
+Status SparseReducer::Pack(int64_t n, bool with_delivered, PreparedGroup* prepared) {
   prepared->payload.resize(MaxEncodedBytes(n, static_cast<int64_t>(prepared->indices.size()),
                                            index_coding_, value_coding_));
   auto written = Encode({n, prepared->indices, prepared->values}, index_coding_, value_coding_,
                         prepared->payload);
   if (!written.ok()) return written.status().WithContext("encoding a sparse payload");
   prepared->payload_bytes = *written;
-  if (config_.ErrorFeedback()) {
+  if (with_delivered && config_.ErrorFeedback()) {
     // What the peers decode from our payload, exactly (float16 rounding, Wangni's shared scale).
     auto ours = Decode(std::span<const uint8_t>(prepared->payload.data(), *written));
     if (!ours.ok()) return ours.status().WithContext("decoding our own payload");
@@ -171,7 +171,9 @@ Status SparseReducer::Prepare(std::span<const GroupSlice> slices, std::span<cons
     }
   }
   SPARSYNC_RETURN_IF_ERROR(Select(step, group_id, prepared));
-  if (UsesAllGather()) SPARSYNC_RETURN_IF_ERROR(Pack(static_cast<int64_t>(n), prepared));
+  if (UsesAllGather()) {
+    SPARSYNC_RETURN_IF_ERROR(Pack(static_cast<int64_t>(n), /*with_delivered=*/true, prepared));
+  }
   return Status::Ok();
 }
 
@@ -305,7 +307,8 @@ Status SparseReducer::PrepareSelected(std::span<const GroupSlice> slices, int64_
     return Status::Ok();
   }
   prepared->nonfinite_tensor.clear();
-  return Pack(n, prepared);
+  // The device keeps the residual, float16 rounding included: no need to decode our own payload.
+  return Pack(n, /*with_delivered=*/false, prepared);
 }
 
 Status SparseReducer::ExchangeSelected(PreparedGroup& prepared, int64_t n, uint32_t* tag,

@@ -102,7 +102,8 @@ class SparseReducer {
   SparseReducer(const Config& config, int node_rank, int num_nodes, transport::Transport* transport,
                 std::unique_ptr<kernels::Sparsifier> sparsifier);
   Status Select(uint64_t step, uint32_t group_id, PreparedGroup* prepared);
-  Status Pack(int64_t n, PreparedGroup* prepared);
+  // Encodes the selection; `with_delivered`: also what the peers decode of it (error feedback).
+  Status Pack(int64_t n, bool with_delivered, PreparedGroup* prepared);
   Status ExchangeAllGather(std::span<float> group, PreparedGroup& prepared, uint32_t* tag,
                            bool* skip);
   // The transport half of ExchangeAllGather: sizes and flags, then the payloads into gathered_.

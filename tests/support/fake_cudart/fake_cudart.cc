@@ -476,8 +476,8 @@ int cudaMemsetAsync(void* ptr, int value, size_t bytes, void* stream) {
   if (!KnownStream(s, stream))
     return Misuse(s, kInvalidResourceHandle, "cudaMemsetAsync on an unknown stream");
   if (!Holding(s, ptr, bytes)) {
-    return Misuse(s, kInvalidValue,
-                  "cudaMemsetAsync of " + std::to_string(bytes) + " bytes outside a device allocation");
+    return Misuse(s, kInvalidValue, "cudaMemsetAsync of " + std::to_string(bytes) +
+                                        " bytes outside a device allocation");
   }
   if (bytes) std::memset(ptr, value, bytes);
   s.journal.push_back("memset " + std::to_string(bytes));
