@@ -113,16 +113,22 @@ Status Daemon::Start() {
   if (config_.device_sparsify) {
     device_sparse = std::make_shared<pipeline::DeviceSparse>(config_.sparsify_library);
     SPARSYNC_RETURN_IF_ERROR(device_sparse->LoadExplicit());
-    // Which compressors a tensor may choose at registration go to the device (the density does
-    // not matter), worked out once rather than for every gradient of every step.
+    // Which compressors a tensor may choose at registration keep it on the device (the density
+    // does not matter), worked out once rather than for every gradient of every step: those
+    // sparsified there, and with a transport that takes device memory (NCCL) the dense ones.
+    const bool dense_on_device = transport_->cuda_device() >= 0;
     std::vector<bool> on_device(SPARSYNC_COMPRESSOR_COUNT, false);
     for (uint32_t c = 0; c < SPARSYNC_COMPRESSOR_COUNT; ++c) {
       auto tensor = pipeline::TensorConfig(config_, c, 0);
-      on_device[c] = tensor.ok() && pipeline::SelectsOnDevice(*tensor);
+      on_device[c] = tensor.ok() && (pipeline::SelectsOnDevice(*tensor) ||
+                                     (dense_on_device && tensor->compressor == Compressor::kNone));
     }
-    cuda.keep_on_device = [device_sparse, on_device](const negotiation::TensorMeta& meta) {
-      return meta.compressor < on_device.size() && on_device[meta.compressor] &&
-             device_sparse->Available();
+    cuda.keep_on_device = [device_sparse, on_device,
+                           dense_on_device](const negotiation::TensorMeta& meta) {
+      const bool keep = meta.op == SPARSYNC_OP_GRADIENT
+                            ? meta.compressor < on_device.size() && on_device[meta.compressor]
+                            : dense_on_device;
+      return keep && device_sparse->Available();
     };
   }
   // The table reports to the agent, which is built next; neither is used before intake starts.

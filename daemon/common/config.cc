@@ -282,8 +282,9 @@ std::vector<Setting> Settings() {
         return Status::Ok();
       });
   add("transport", "SPARSYNC_TRANSPORT", "auto",
-      "collective backend between nodes: auto (gloo), gloo, or nccl (CUDA device 0; gradients "
-      "are staged through it)",
+      "collective backend between nodes: auto (gloo), gloo, or nccl (CUDA device 0; host "
+      "gradients are staged through it, a CUDA gradient's dense groups on that GPU are reduced "
+      "in place when SPARSYNC_DEVICE_SPARSIFY=auto)",
       [](const Setting& st, const std::string& v, Config* c) {
         if (v == "auto" || v == "gloo") {
           c->transport = TransportKind::kGloo;
@@ -323,8 +324,9 @@ std::vector<Setting> Settings() {
         return Status::Ok();
       });
   add("device-sparsify", "SPARSYNC_DEVICE_SPARSIFY", "auto",
-      "where a node sparsifies its CUDA gradients: auto (top-k on the GPU that holds the node's "
-      "sum, when the CUDA sparsification library loads, else on the host) or host",
+      "where a node reduces its CUDA gradients: auto (top-k on the GPU that holds the node's "
+      "sum, and with the NCCL transport dense float32 groups in that GPU's memory, when the CUDA "
+      "sparsification library loads, else on the host) or host",
       [](const Setting& st, const std::string& v, Config* c) {
         if (v != "auto" && v != "host") return Reject(st, v, "accepted values: auto, host");
         c->device_sparsify = v == "auto";

@@ -25,6 +25,7 @@ struct SparsifyLibrary {
                            sparsync_sp_workspace*, void*, sparsync_sp_error*);
   int (*PackFloat16Residual)(const float*, const int32_t*, int64_t, uint16_t*, float*, int64_t,
                              void*, sparsync_sp_error*);
+  int (*Divide)(float*, int64_t, double, void*, sparsync_sp_error*);
   int (*Finish)(sparsync_sp_workspace*, void*, int64_t*, sparsync_sp_error*);
 };
 
@@ -59,6 +60,7 @@ std::shared_ptr<const SparsifyLibrary> LoadLibrary(const std::string& path, std:
       BindSymbol(handle, "sparsync_sp_scatter_add_average", &lib->ScatterAddAverage, &missing) &&
       BindSymbol(handle, "sparsync_sp_pack_float16_residual", &lib->PackFloat16Residual,
                  &missing) &&
+      BindSymbol(handle, "sparsync_sp_divide", &lib->Divide, &missing) &&
       BindSymbol(handle, "sparsync_sp_finish", &lib->Finish, &missing);
   if (!ok) {
     *error = path + " is not a CUDA sparsification library: it lacks " + missing;
@@ -133,7 +135,7 @@ void DeviceSparse::Scratch::Clear() {
   group = residual = values = nullptr;
   indices = nullptr;
   halves = nullptr;
-  group_capacity = pairs_capacity = halves_capacity = 0;
+  group_capacity = residual_capacity = pairs_capacity = halves_capacity = 0;
 }
 
 DeviceSparse::DeviceSparse(std::string library) : library_(std::move(library)) {}
@@ -197,6 +199,18 @@ bool DeviceSparse::Takes(std::span<const GroupMember> members) {
   return device >= 0;
 }
 
+void DeviceSparse::Forget(const std::string& name) {
+  Residual r;
+  {
+    std::lock_guard lock(mu_);
+    auto it = residuals_.find(name);
+    if (it == residuals_.end()) return;
+    r = it->second;
+    residuals_.erase(it);
+  }
+  if (r.rt->SetDevice(r.device) == intake::kCudaSuccess) (void)r.rt->Free(r.data);
+}
+
 size_t DeviceSparse::residual_bytes() const {
   std::lock_guard lock(mu_);
   size_t total = 0;
@@ -218,6 +232,27 @@ Status DeviceSparse::MoveResidualsToHost(std::span<const GroupSlice> slices,
     std::vector<float> host;
     SPARSYNC_RETURN_IF_ERROR(Download(*s.name, r.rt, r.device, r.data, r.count, &host));
     sparse->AddResidual(*s.name, host);
+  }
+  return Status::Ok();
+}
+
+std::shared_ptr<const SparsifyLibrary> DeviceSparse::Library() const {
+  std::lock_guard lock(mu_);
+  return disabled_ ? nullptr : lib_;
+}
+
+Status DeviceSparse::Bind(Scratch* scratch, const std::shared_ptr<const SparsifyLibrary>& lib,
+                          const std::shared_ptr<const CudaRuntime>& rt, int device, size_t n) {
+  if (scratch->device != device || scratch->lib != lib) {
+    scratch->Clear();
+    scratch->lib = lib;
+    scratch->rt = rt;
+    scratch->device = device;
+  }
+  if (scratch->group_capacity < n) {
+    scratch->group_capacity = 0;
+    SPARSYNC_RETURN_IF_ERROR(Grow(*rt, device, &scratch->group, n, "the group buffer"));
+    scratch->group_capacity = n;
   }
   return Status::Ok();
 }
@@ -261,11 +296,7 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
                             SparseReducer* sparse, Scratch* scratch, PreparedGroup* prepared,
                             bool* fall_back) {
   *fall_back = false;
-  std::shared_ptr<const SparsifyLibrary> lib;
-  {
-    std::lock_guard lock(mu_);
-    if (!disabled_) lib = lib_;
-  }
+  const std::shared_ptr<const SparsifyLibrary> lib = Library();
   size_t n = 0;
   for (const GroupSlice& s : slices) n += s.count;
   if (!lib || n == 0 || n > static_cast<size_t>(INT32_MAX)) {
@@ -282,16 +313,11 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
 
   // The slot's buffers, on this device and large enough. A failure here leaves the device path.
   Status reserved = [&]() -> Status {
-    if (scratch->device != device || scratch->lib != lib) {
-      scratch->Clear();
-      scratch->lib = lib;
-      scratch->rt = rt_ptr;
-      scratch->device = device;
-    }
-    if (scratch->group_capacity < n) {
-      SPARSYNC_RETURN_IF_ERROR(Grow(rt, device, &scratch->group, n, "the group buffer"));
+    SPARSYNC_RETURN_IF_ERROR(Bind(scratch, lib, rt_ptr, device, n));
+    if (scratch->residual_capacity < n) {
+      scratch->residual_capacity = 0;
       SPARSYNC_RETURN_IF_ERROR(Grow(rt, device, &scratch->residual, n, "the residual buffer"));
-      scratch->group_capacity = n;
+      scratch->residual_capacity = n;
     }
     if (scratch->pairs_capacity < static_cast<size_t>(k)) {
       SPARSYNC_RETURN_IF_ERROR(Grow(rt, device, &scratch->indices, k, "the selection"));
@@ -511,6 +537,98 @@ Status DeviceSparse::Finish(std::span<GroupMember> members, std::span<const Grou
   }
   // Nothing on the host may go while the device still reads it.
   return Cuda(rt, rt.StreamSynchronize(stream), "cudaStreamSynchronize", device);
+}
+
+// ---- Dense groups ----
+
+bool DeviceSparse::TakesDense(std::span<const GroupMember> members,
+                              const transport::Transport& transport) {
+  if (transport.cuda_device() < 0 || !Takes(members)) return false;
+  for (const GroupMember& m : members) {
+    if (m.meta.dtype != SPARSYNC_FLOAT32) return false;
+  }
+  return members[0].parts[0].cuda->device() == transport.cuda_device();
+}
+
+Status DeviceSparse::PrepareDense(std::span<GroupMember> members,
+                                  std::span<const GroupSlice> slices, Scratch* scratch,
+                                  bool* fall_back) {
+  *fall_back = false;
+  const std::shared_ptr<const SparsifyLibrary> lib = Library();
+  size_t n = 0;
+  for (const GroupSlice& s : slices) n += s.count;
+  if (!lib || n == 0) {
+    *fall_back = true;
+    return Status::Ok();
+  }
+  CudaTensor& first = *members[0].parts[0].cuda;
+  const CudaRuntime& rt = first.rt();
+  const int device = first.device();
+  void* stream = first.stream();
+  SPARSYNC_RETURN_IF_ERROR(Cuda(rt, rt.SetDevice(device), "cudaSetDevice", device));
+  // A lone tensor is reduced in its own buffer; a group side by side in the slot's.
+  const bool fused = members.size() > 1;
+  if (Status st = Bind(scratch, lib, first.runtime(), device, fused ? n : 0); !st.ok()) {
+    Disable(st.message());
+    *fall_back = true;
+    return Status::Ok();
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    CudaTensor& t = *members[i].parts[0].cuda;
+    if (!members[i].clique) SPARSYNC_RETURN_IF_ERROR(t.EnqueueWaitReady());
+    if (!fused) continue;
+    SPARSYNC_RETURN_IF_ERROR(
+        t.Check(rt.MemcpyAsync(scratch->group + slices[i].offset, t.data(),
+                               slices[i].count * sizeof(float), intake::kCudaMemcpyDeviceToDevice,
+                               stream),
+                "copying the tensor into the device group buffer"));
+  }
+  // The transport works on a stream of its own: the group must be complete before it starts.
+  SPARSYNC_RETURN_IF_ERROR(
+      Cuda(rt, rt.StreamSynchronize(stream), "gathering the group on the device", device));
+  if (!announced_dense_.exchange(true)) {
+    spdlog::info(
+        "dense groups stay on CUDA device {}: the transport reduces them in device memory "
+        "(first: '{}', {} elements)",
+        device, *slices[0].name, n);
+  }
+  return Status::Ok();
+}
+
+Status DeviceSparse::FinishDense(std::span<GroupMember> members,
+                                 std::span<const GroupSlice> slices, Scratch* scratch,
+                                 transport::Transport* transport, double divisor, uint32_t* tag) {
+  size_t n = 0;
+  for (const GroupSlice& s : slices) n += s.count;
+  CudaTensor& first = *members[0].parts[0].cuda;
+  const bool fused = members.size() > 1;
+  float* data = fused ? scratch->group : static_cast<float*>(first.data());
+  SPARSYNC_RETURN_IF_ERROR(
+      transport->AllReduceSumOnDevice(data, n, transport::ElementType::kFloat32, (*tag)++));
+
+  const CudaRuntime& rt = first.rt();
+  const int device = first.device();
+  void* stream = first.stream();
+  SPARSYNC_RETURN_IF_ERROR(Cuda(rt, rt.SetDevice(device), "cudaSetDevice", device));
+  if (divisor != 1.0) {
+    sparsync_sp_error error{};
+    SPARSYNC_RETURN_IF_ERROR(
+        FromLibrary(scratch->lib->Divide(data, static_cast<int64_t>(n), divisor, stream, &error),
+                    error, "averaging on CUDA device " + std::to_string(device)));
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    CudaTensor& t = *members[i].parts[0].cuda;
+    if (fused) {
+      SPARSYNC_RETURN_IF_ERROR(t.Check(
+          rt.MemcpyAsync(t.data(), scratch->group + slices[i].offset,
+                         slices[i].count * sizeof(float), intake::kCudaMemcpyDeviceToDevice,
+                         stream),
+          "copying the result into the worker's buffer"));
+    }
+    // DeliverResult orders the done events (and the broadcast to the other GPUs) after these.
+    members[i].result_on_device = true;
+  }
+  return Status::Ok();
 }
 
 }  // namespace sparsync::pipeline

@@ -1,5 +1,6 @@
-// DeviceSparse: the sparse path of a merge group whose node sum is on a GPU (issue 5; DESIGN.md
-// §1.6). The workers' CUDA gradients are summed on the node's GPUs (intake/local_nccl.h) or,
+// DeviceSparse: the device path of a merge group whose node sum is on a GPU (issue 5; DESIGN.md
+// §1.6): top-k, described here, and dense groups on a transport that takes device memory (see
+// "Dense groups" below). The workers' CUDA gradients are summed on the node's GPUs (intake/local_nccl.h) or,
 // with one worker, left in its buffer; instead of copying that sum to the host, the daemon runs
 // top-k with error feedback on the device and moves only the k selected pairs across PCIe:
 //
@@ -43,6 +44,7 @@
 #include "daemon/common/status.h"
 #include "daemon/pipeline/sparse_reducer.h"
 #include "daemon/pipeline/tensor_table.h"
+#include "daemon/transport/transport.h"
 #include "kernels/cuda/sparsify_plugin.h"
 
 namespace sparsync::pipeline {
@@ -79,9 +81,10 @@ class DeviceSparse {
     sparsync_sp_workspace* workspace = nullptr;
     int64_t workspace_numel = 0;
     int64_t workspace_k = 0;
-    float* group = nullptr;     // the node's sum of the group, then the result
+    float* group = nullptr;  // the node's sum of the group, then the result
+    size_t group_capacity = 0;
     float* residual = nullptr;  // the group's residuals, then the new ones
-    size_t group_capacity = 0;  // elements of both
+    size_t residual_capacity = 0;
     int32_t* indices = nullptr;  // the selection (k), then every node's pairs
     float* values = nullptr;
     size_t pairs_capacity = 0;
@@ -106,9 +109,34 @@ class DeviceSparse {
                 SparseReducer* sparse, Scratch* scratch, PreparedGroup& prepared, double divisor,
                 uint32_t* tag);
 
+  // ---- Dense groups on the device ----
+  // With a transport that takes the GPU's memory (the NCCL backend, Transport::cuda_device), a
+  // dense group whose node sum is on the device is reduced there too: stage A puts the tensors'
+  // sums side by side in the slot's group buffer (a lone tensor stays in its own buffer), stage B
+  // allreduces that buffer in device memory, divides it (sparsync_sp_divide, bit-identical to the
+  // host's division) and copies each tensor's slice into local rank 0's buffer. Nothing of the
+  // group crosses PCIe.
+
+  // Whether a dense group of `members` can take this path on `transport`: Takes(members), all
+  // float32, on the transport's GPU.
+  static bool TakesDense(std::span<const GroupMember> members,
+                         const transport::Transport& transport);
+  // Stage A. Leaves the group ready for the transport (the stream synchronised). *fall_back as
+  // for Select: the library is not available, or the group buffer cannot be had.
+  Status PrepareDense(std::span<GroupMember> members, std::span<const GroupSlice> slices,
+                      Scratch* scratch, bool* fall_back);
+  // Stage B, after PrepareDense on the same slot. Sets every member's result_on_device.
+  Status FinishDense(std::span<GroupMember> members, std::span<const GroupSlice> slices,
+                     Scratch* scratch, transport::Transport* transport, double divisor,
+                     uint32_t* tag);
+
   // A tensor's residual leaves the device (to `sparse`'s host state), when its group goes
   // through the host path. Blocks for the copy.
   Status MoveResidualsToHost(std::span<const GroupSlice> slices, SparseReducer* sparse);
+
+  // Frees `name`'s device residual, if any (SparseReducer::Forget's counterpart). REQUIRES: no
+  // group of it in flight.
+  void Forget(const std::string& name);
 
   // Bytes of device residuals held, for tests.
   size_t residual_bytes() const;
@@ -121,6 +149,12 @@ class DeviceSparse {
     size_t count = 0;
   };
   bool LoadLocked(std::string* error);  // REQUIRES: mu_ held
+  // The library, unless the device path was disabled (null then).
+  std::shared_ptr<const SparsifyLibrary> Library() const;
+  // Points `scratch` at `device` and `lib` (freeing what it held elsewhere) and grows its group
+  // buffer to `n` elements.
+  static Status Bind(Scratch* scratch, const std::shared_ptr<const SparsifyLibrary>& lib,
+                     const std::shared_ptr<const intake::CudaRuntime>& rt, int device, size_t n);
   // `name`'s residual on `device`: the one kept there, or one brought from the host or another
   // GPU (its upload queued on `stream` from a vector added to `uploads`); null when it has none.
   Result<float*> ResidualOn(const std::string& name, size_t count, int device,
@@ -133,7 +167,8 @@ class DeviceSparse {
   std::shared_ptr<const SparsifyLibrary> lib_;
   bool load_failed_ = false;
   bool disabled_ = false;
-  std::atomic<bool> announced_{false};  // the first group on a device was logged
+  std::atomic<bool> announced_{false};        // the first sparse group on a device was logged
+  std::atomic<bool> announced_dense_{false};  // the first dense one
   std::map<std::string, Residual> residuals_;  // guarded by mu_ (the map; one stage per tensor)
 };
 

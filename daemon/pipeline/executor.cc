@@ -31,7 +31,7 @@ struct Executor::Slot {
     kGather,     // ALLGATHER, all in stage B
     kBroadcast,  // BROADCAST, all in stage B
     kInPlace,    // dense, one tensor of one worker reduced in its own buffer in stage B
-    kDense,      // dense, the local sum in `fusion`
+    kDense,      // dense, the local sum in `fusion` (or on the device: `on_device`)
     kSparse,     // sparse, the local sum in `fusion` (or on the device: `on_device`) and its
                  // selection in `prepared`
   };
@@ -46,7 +46,8 @@ struct Executor::Slot {
   std::vector<GroupSlice> slices;  // kSparse; names point into `members`
   SparseReducer* sparse = nullptr;
   PreparedGroup prepared;
-  bool on_device = false;  // kSparse on the GPU: the group is in `device`, not `fusion`
+  bool on_device = false;  // kDense or kSparse on the GPU: the group is in `device` (or, dense
+                           // and alone, in its buffer), not `fusion`
   std::unique_ptr<DeviceSparse::Scratch> device;
   std::chrono::steady_clock::time_point started;
   GroupCost cost;  // sparsify_s filled by stage A, the rest by B
@@ -142,6 +143,13 @@ void Executor::PrepareLoop() {
 }
 
 void Executor::Prepare(const negotiation::ScheduleEntry& entry, Slot* slot) {
+  // Tensors gone since the last entry take what was kept for them along: a later tensor of the
+  // same name starts afresh. None of them is in flight (a tensor is released only when no worker
+  // has it posted, and its last group's state was written before its DONE).
+  for (const std::string& name : table_->TakeReleased()) {
+    if (sparse_) sparse_->Forget(name);
+    if (options_.device_sparse) options_.device_sparse->Forget(name);
+  }
   slot->seq = entry.seq;
   slot->started = std::chrono::steady_clock::now();
   slot->kind = Slot::Kind::kError;
@@ -216,6 +224,18 @@ Status Executor::PrepareReduce(Slot* slot) {
     if (!fall_back) {
       slot->kind = Slot::Kind::kSparse;
       slot->sparse = sparse;
+      slot->on_device = true;
+      return st;
+    }
+    slot->slices.clear();
+  }
+  if (!sparse && device && DeviceSparse::TakesDense(members, *transport_)) {
+    slice_members();
+    if (!slot->device) slot->device = std::make_unique<DeviceSparse::Scratch>();
+    bool fall_back = false;
+    Status st = device->PrepareDense(members, slot->slices, slot->device.get(), &fall_back);
+    if (!fall_back) {
+      slot->kind = Slot::Kind::kDense;
       slot->on_device = true;
       return st;
     }
@@ -325,6 +345,10 @@ Status Executor::ExchangeReduce(Slot* slot) {
     SPARSYNC_RETURN_IF_ERROR(transport_->AllReduceSum(data, slot->total, acc_type, tag_++));
     DivideInPlace(data, slot->total, slot->divisor, dtype);
     return Status::Ok();
+  }
+  if (slot->on_device && slot->kind == Slot::Kind::kDense) {
+    return options_.device_sparse->FinishDense(slot->members, slot->slices, slot->device.get(),
+                                               transport_, slot->divisor, &tag_);
   }
   if (slot->on_device) {
     return options_.device_sparse->Finish(slot->members, slot->slices, slot->sparse,

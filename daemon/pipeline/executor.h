@@ -62,7 +62,8 @@ struct ExecutorOptions {
   std::function<void(uint64_t seq)> on_exchange;
   // Called on stage B's thread after the DONE messages of every reduced gradient group.
   std::function<void(const GroupCost&)> on_group_cost;
-  // Top-k on the GPU for groups whose node sum was left there (device_sparse.h); null: none.
+  // Groups whose node sum was left on the GPU (device_sparse.h): top-k there, and the dense ones
+  // reduced in device memory when the transport takes it; null: none.
   std::shared_ptr<DeviceSparse> device_sparse;
 };
 

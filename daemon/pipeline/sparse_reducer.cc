@@ -340,6 +340,11 @@ std::vector<float> SparseReducer::TakeResidual(const std::string& name) {
   return state_.Take(TensorState::Kind::kResidual, name);
 }
 
+void SparseReducer::Forget(const std::string& name) {
+  std::lock_guard lock(state_mu_);
+  state_.Forget(name);
+}
+
 void SparseReducer::AddResidual(const std::string& name, std::span<const float> residual) {
   GroupSlice slice{&name, 0, residual.size()};
   std::vector<float> sum(residual.begin(), residual.end());
@@ -419,6 +424,10 @@ Result<Config> TensorConfig(const Config& base, uint32_t wire_compressor, float 
   if (wire_compressor != SPARSYNC_COMPRESSOR_DEFAULT) config.compressor = kByWire[wire_compressor];
   if (density > 0) config.density = density;
   return config;
+}
+
+void SparseReducers::Forget(const std::string& name) {
+  for (auto& [key, reducer] : reducers_) reducer->Forget(name);
 }
 
 Result<SparseReducer*> SparseReducers::For(uint32_t wire_compressor, float density) {

@@ -92,6 +92,9 @@ class SparseReducer {
   // move between the host and the device path, so that no residual is lost or counted twice.
   std::vector<float> TakeResidual(const std::string& name);
   void AddResidual(const std::string& name, std::span<const float> residual);
+  // Drops everything kept for `name` (residual, DGC's momentum and accumulation): the tensor is
+  // gone, and a later one of that name starts afresh. REQUIRES: no group of it in flight.
+  void Forget(const std::string& name);
 
   // For tests and the conservation checks; call only while no Exchange() runs.
   const TensorState& state() const { return state_; }
@@ -157,6 +160,8 @@ class SparseReducers {
   // `density` (0: the configured one); null when that resolves to no compression.
   Result<SparseReducer*> For(uint32_t wire_compressor, float density);
   uint64_t min_compress_bytes() const { return base_.min_compress_bytes; }
+  // SparseReducer::Forget on every reducer.
+  void Forget(const std::string& name);
 
  private:
   const Config base_;

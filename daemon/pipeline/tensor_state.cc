@@ -46,6 +46,10 @@ std::vector<float> TensorState::Take(Kind kind, const std::string& name) {
   return v;
 }
 
+void TensorState::Forget(const std::string& name) {
+  for (auto& map : state_) map.erase(name);
+}
+
 std::span<const float> TensorState::Get(Kind kind, const std::string& name) const {
   const auto& map = state_[static_cast<int>(kind)];
   auto it = map.find(name);

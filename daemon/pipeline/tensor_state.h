@@ -32,6 +32,8 @@ class TensorState {
 
   // Removes `name`'s vector of `kind` and returns it (empty if none).
   std::vector<float> Take(Kind kind, const std::string& name);
+  // Drops every vector of `name`.
+  void Forget(const std::string& name);
   // The stored vector of `name` (empty if none), for tests and the conservation checks.
   std::span<const float> Get(Kind kind, const std::string& name) const;
   size_t bytes() const;

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstring>
+#include <utility>
 
 #include "daemon/intake/codec.h"
 
@@ -222,10 +223,11 @@ void TensorTable::Stage(Staging staging) {
       intake::SummedOnDevice(meta.dtype)) {
     clique = local_nccl_.CliqueFor(cuda);
   }
-  // A gradient the executor may sparsify on the device stays there: summed into local rank 0's
-  // buffer (with several GPUs) or left in the worker's (with one).
-  bool keep = meta.op == SPARSYNC_OP_GRADIENT && meta.dtype == SPARSYNC_FLOAT32 &&
-              (clique || cuda.size() == 1) && keep_on_device_ && keep_on_device_(meta);
+  // A sum the executor may reduce on the device stays there: summed into local rank 0's buffer
+  // (with several GPUs) or left in the worker's (with one).
+  bool keep = (meta.op == SPARSYNC_OP_GRADIENT || meta.op == SPARSYNC_OP_ALLREDUCE) &&
+              meta.dtype == SPARSYNC_FLOAT32 && (clique || cuda.size() == 1) && keep_on_device_ &&
+              keep_on_device_(meta);
   for (intake::CudaTensor* c : cuda) keep = keep && c != nullptr;
   Status st;
   if (keep) {
@@ -350,7 +352,13 @@ void TensorTable::EraseIfUnused(std::map<std::string, Tensor>::iterator it) {
   }
   // No worker holds it any more: a later registration may give the name another shape.
   if (it->second.slot) name_by_slot_.erase(it->second.slot);
+  released_.push_back(it->first);
   tensors_.erase(it);
+}
+
+std::vector<std::string> TensorTable::TakeReleased() {
+  std::lock_guard lock(mu_);
+  return std::exchange(released_, {});
 }
 
 void TensorTable::OnDisconnect(const std::shared_ptr<intake::WorkerSession>& session,

@@ -72,8 +72,9 @@ struct CudaOptions {
   std::string cudart;      // SPARSYNC_CUDART; empty: the default search
   bool local_nccl = true;  // SPARSYNC_LOCAL_REDUCE=auto
   std::string libnccl;     // SPARSYNC_LIBNCCL; empty: libnccl.so.2
-  // Whether a gradient whose parts are all on GPUs may keep its node sum there for the executor
-  // (the device sparse path); called on the staging thread. Null: never.
+  // Whether a float32 gradient or allreduce whose parts are all on GPUs may keep its node sum
+  // there for the executor (the device path, device_sparse.h); called on the staging thread.
+  // Null: never.
   std::function<bool(const negotiation::TensorMeta&)> keep_on_device;
 };
 
@@ -104,6 +105,11 @@ class TensorTable : public intake::IntakeHandler {
 
   // The coordinator's slot for a tensor name (from the node's negotiation agent).
   void BindSlot(const std::string& name, uint32_t slot);
+
+  // The names of the tensors no worker holds any more (every worker unregistered it or left)
+  // since the last call. What the reducers keep for them must go before that name's next group:
+  // a training run started again on the same daemons must not inherit the last run's residuals.
+  std::vector<std::string> TakeReleased();
 
   // The members of a schedule entry. Waits up to `wait` for slots still being bound.
   Result<std::vector<GroupMember>> Resolve(const negotiation::ScheduleEntry& entry,
@@ -161,6 +167,7 @@ class TensorTable : public intake::IntakeHandler {
   std::map<std::string, Tensor> tensors_;
   std::map<uint32_t, std::string> name_by_slot_;
   std::vector<std::weak_ptr<intake::WorkerSession>> workers_;  // by local rank
+  std::vector<std::string> released_;  // TakeReleased()'s
   Status fatal_;
 
   intake::LocalNccl local_nccl_;

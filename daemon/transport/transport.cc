@@ -1,5 +1,7 @@
 #include "daemon/transport/transport.h"
 
+#include <string>
+
 namespace sparsync::transport {
 
 size_t ElementSize(ElementType type) {
@@ -8,6 +10,11 @@ size_t ElementSize(ElementType type) {
     case ElementType::kFloat64: case ElementType::kInt64: return 8;
   }
   return 0;
+}
+
+Status Transport::AllReduceSumOnDevice(void*, size_t, ElementType, uint32_t tag) {
+  return InvalidArgument("allreduce " + std::to_string(tag) +
+                         ": this transport takes host memory only, not CUDA device memory");
 }
 
 }  // namespace sparsync::transport

@@ -45,6 +45,17 @@ class Transport {
                           size_t recv_capacity, size_t* recv_bytes, uint32_t tag) = 0;
   // Fails every later call with `reason`; idempotent.
   virtual void Abort(const Status& reason) = 0;
+
+  // --- Device memory (the NCCL backend). ---
+  // The CUDA device whose memory AllReduceSumOnDevice takes, or -1: this backend takes host
+  // memory only (the default).
+  virtual int cuda_device() const { return -1; }
+  // AllReduceSum on memory of CUDA device cuda_device(), with no staging through the host. The
+  // caller has finished every write to `device_data` (its stream synchronised) before the call;
+  // the sum is in place when the call returns. Same ordering, deadlines and aborts as the other
+  // collectives. Fails with kInvalidArgument on a backend whose cuda_device() is -1.
+  virtual Status AllReduceSumOnDevice(void* device_data, size_t count, ElementType type,
+                                      uint32_t tag);
 };
 
 // The rendezvous key-value store a backend bootstraps through (served by the coordinator).

@@ -1,6 +1,6 @@
-// CUDA float16 packing of sent values and the scatter-add + average of gathered payloads
+// CUDA float16 packing of sent values, the scatter-add + average of gathered payloads
 // (DESIGN.md §1.7: unpack and scatter-add in a fixed rank order, so that every node holds
-// bit-identical results).
+// bit-identical results) and the in-place division of a dense sum into an average.
 //
 // Scatter-add without atomics and without sorting: the dense output is cut into tiles of
 // kTileSize elements. Each payload's indices are ascending, so its entries that land in tile t are
@@ -123,6 +123,15 @@ __global__ void PackWithResidualKernel(const float* values, const int32_t* indic
   }
 }
 
+// The host's `x / divisor`: __fdiv_rn rounds to nearest whatever -prec-div says, and the build
+// flushes no subnormals (no -ftz, no --use_fast_math; kernels/cuda/CMakeLists.txt).
+__global__ void DivideKernel(float* data, int64_t count, float divisor) {
+  for (int64_t j = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; j < count;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    data[j] = __fdiv_rn(data[j], divisor);
+  }
+}
+
 int StrideGrid(int64_t items) {
   return static_cast<int>(
       std::clamp<int64_t>((items + kBlockThreads - 1) / kBlockThreads, 1, int64_t{1} << 16));
@@ -152,6 +161,18 @@ Status PackFloat16WithResidual(const float* values, const int32_t* indices, int6
   PackWithResidualKernel<<<StrideGrid(count), kBlockThreads, 0, stream>>>(values, indices, count,
                                                                           out, residual, numel);
   return LaunchStatus("cuda PackFloat16WithResidual");
+}
+
+Status Divide(float* data, int64_t numel, double divisor, cudaStream_t stream) {
+  if (numel < 0) return InvalidArgumentError("cuda Divide: negative numel");
+  if (!std::isfinite(divisor) || divisor == 0) {
+    return InvalidArgumentError("cuda Divide: divisor must be finite and non-zero");
+  }
+  if (numel == 0 || divisor == 1.0) return Status::Ok();
+  if (data == nullptr) return InvalidArgumentError("cuda Divide: null data");
+  DivideKernel<<<StrideGrid(numel), kBlockThreads, 0, stream>>>(data, numel,
+                                                                static_cast<float>(divisor));
+  return LaunchStatus("cuda Divide");
 }
 
 Status ScatterAddAverage(std::span<const DevicePayload> payloads, float* dense, int64_t numel,

@@ -1,7 +1,8 @@
 #pragma once
 // Device API of the CUDA sparsification kernels: the compressors of kernels/sparsifier.h on
 // float32 data that lives on the GPU, the float16 packing of sent values, and the scatter-add +
-// average that turns every node's gathered (indices, values) payload into the dense result.
+// average that turns every node's gathered (indices, values) payload into the dense result (or,
+// for a dense sum, the division that averages it).
 //
 // Same selection rules as kernels/reference/ (the test oracles; each rule is described, with its
 // paper, in the reference .cc file), with these differences of form:
@@ -148,6 +149,11 @@ Status PackFloat16(const float* values, int64_t count, uint16_t* out, cudaStream
 // zero). Entries whose index is outside [0, numel) are skipped.
 Status PackFloat16WithResidual(const float* values, const int32_t* indices, int64_t count,
                                uint16_t* out, float* residual, int64_t numel, cudaStream_t stream);
+
+// In place: data[i] = data[i] / float(divisor), an IEEE float32 division, skipped for divisor 1:
+// bit-identical to the host's float32 averaging (a NaN stays NaN; its payload may not). One read
+// and one write of data; numel 0 launches nothing. REQUIRES: divisor finite and non-zero.
+Status Divide(float* data, int64_t numel, double divisor, cudaStream_t stream);
 
 enum class PayloadValues : uint8_t { kFloat32, kFloat16 };
 

@@ -101,6 +101,14 @@ int PackHalves(const float* values, const int32_t* indices, int64_t count, uint1
   return launched.ok() ? SPARSYNC_SP_OK : Fail(error, SPARSYNC_SP_CUDA, launched);
 }
 
+int DivideDense(float* data, int64_t numel, double divisor, void* stream,
+                sparsync_sp_error* error) {
+  const Status args = plugin::CheckDivideArgs(data, numel, divisor);
+  if (!args.ok()) return Fail(error, SPARSYNC_SP_INVALID_ARGUMENT, args);
+  const Status launched = Divide(data, numel, divisor, Stream(stream));
+  return launched.ok() ? SPARSYNC_SP_OK : Fail(error, SPARSYNC_SP_CUDA, launched);
+}
+
 int FinishCall(sparsync_sp_workspace* workspace, void* stream, int64_t* count,
                sparsync_sp_error* error) {
   if (count != nullptr) *count = 0;
@@ -174,6 +182,13 @@ SPARSYNC_SP_EXPORT int sparsync_sp_pack_float16_residual(const float* values,
   return Guarded("sparsync_sp_pack_float16_residual", error, [&] {
     return sparsync::kernels::cuda::PackHalves(values, indices, count, out, residual, numel,
                                                 stream, error);
+  });
+}
+
+SPARSYNC_SP_EXPORT int sparsync_sp_divide(float* data, int64_t numel, double divisor, void* stream,
+                                          sparsync_sp_error* error) {
+  return Guarded("sparsync_sp_divide", error, [&] {
+    return sparsync::kernels::cuda::DivideDense(data, numel, divisor, stream, error);
   });
 }
 

@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /* sparsync_sp_abi_version() of a library this header describes. */
-#define SPARSYNC_SP_ABI_VERSION 1
+#define SPARSYNC_SP_ABI_VERSION 2
 
 typedef enum sparsync_sp_code {
   SPARSYNC_SP_OK = 0,
@@ -87,6 +87,12 @@ int sparsync_sp_scatter_add_average(const sparsync_sp_payload* payloads, int num
 int sparsync_sp_pack_float16_residual(const float* values, const int32_t* indices, int64_t count,
                                       uint16_t* out, float* residual, int64_t numel, void* stream,
                                       sparsync_sp_error* error);
+
+/* In place: data[i] = data[i] / (float)divisor, for a dense float32 average; bit-identical to
+ * the daemon's host division (an IEEE float32 division, skipped for divisor 1). REQUIRES
+ * numel >= 0, divisor > 0. Enqueues only; uses no workspace. */
+int sparsync_sp_divide(float* data, int64_t numel, double divisor, void* stream,
+                       sparsync_sp_error* error);
 
 /* Waits for `stream`, then gives the result of the workspace's last call: *count is the number
  * of pairs a selection wrote (0 after a scatter-add). */

@@ -138,4 +138,17 @@ inline Status CheckPackArgs(const float* values, const int32_t* indices, int64_t
   return Status::Ok();
 }
 
+inline Status CheckDivideArgs(const float* data, int64_t numel, double divisor) {
+  const std::string who = "sparsync_sp_divide: ";
+  if (numel < 0) {
+    return InvalidArgumentError(who + "numel " + std::to_string(numel) + " must not be negative");
+  }
+  if (!std::isfinite(divisor) || !(divisor > 0)) {
+    return InvalidArgumentError(who + "divisor " + std::to_string(divisor) +
+                                " must be finite and positive");
+  }
+  if (numel > 0 && data == nullptr) return InvalidArgumentError(who + "null data");
+  return Status::Ok();
+}
+
 }  // namespace sparsync::kernels::cuda::plugin

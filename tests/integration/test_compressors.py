@@ -41,3 +41,20 @@ def test_sparsify_argument_overrides_the_daemons_compressor(job_factory):
     key = "0.weight"
     assert sparse[0][key].tobytes() == sparse[1][key].tobytes()
     assert not np.array_equal(sparse[0][key], dense[0][key]), "sparsify= had no effect"
+
+
+@pytest.mark.parametrize("compressor", ["topk", "dgc"])
+def test_a_second_run_on_the_same_daemons_starts_afresh(job_factory, compressor):
+    # What error feedback (and DGC's momentum and accumulation) kept for a tensor goes when its
+    # workers leave, so the same script run again ends with the same parameters, bit for bit. One
+    # gradient tensor, so that no merge group depends on timing.
+    job = job_factory(2, 1, {"SPARSYNC_COMPRESSOR": compressor, "SPARSYNC_DENSITY": "0.01",
+                             "SPARSYNC_MIN_COMPRESS_BYTES": "4KiB"})
+    runs = []
+    for _ in range(2):
+        rcs = job.run_workers("train_sparse.py", extra={"ONE_TENSOR": "1"}, timeout_s=150)
+        assert rcs == [0, 0], "workers failed: %s\n%s" % (rcs, job.logs())
+        runs.append(dict(np.load(job.outdir / "rank0.npz")))
+    for key in runs[0]:
+        assert runs[1][key].tobytes() == runs[0][key].tobytes(), (
+            "%s: the second run's %s differs: it inherited state from the first" % (compressor, key))

@@ -20,6 +20,7 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(int rank, int size, Rende
   }
   NcclTransportOptions options;
   options.timeout = timeout;
+  options.device = device;
   auto transport = NcclTransport::Create(std::move(api).value(), rank, size, store, options);
   if (!transport.ok()) return transport.status();
   return std::unique_ptr<Transport>(std::move(transport).value());

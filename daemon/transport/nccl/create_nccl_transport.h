@@ -16,10 +16,10 @@ bool NcclTransportBuilt();
 // The CUDA devices this process can use for it: 0 without a GPU, a driver, or the backend.
 int NcclUsableDevices();
 
-// Joins the job's NCCL communicator as node `rank` of `size` on CUDA device `device`,
-// bootstrapping through `store` (node 0 publishes the ncclUniqueId). `timeout` bounds the
-// bootstrap and every later call. Fails with kUnavailable in a build without NCCL or on a
-// machine without a usable GPU.
+// Joins the job's NCCL communicator as node `rank` of `size` on CUDA device `device` (the
+// transport's cuda_device(): AllReduceSumOnDevice takes that device's memory), bootstrapping
+// through `store` (node 0 publishes the ncclUniqueId). `timeout` bounds the bootstrap and every
+// later call. Fails with kUnavailable in a build without NCCL or on a machine without a usable GPU.
 Result<std::unique_ptr<Transport>> CreateNcclTransport(int rank, int size, RendezvousStore* store,
                                                        std::chrono::milliseconds timeout,
                                                        int device);

@@ -1,5 +1,7 @@
-// The real NcclApi: NCCL and the CUDA runtime. Compiled only when CMake finds both; this header
-// has no CUDA types so that code using it builds with a plain C++ compiler.
+// The real NcclApi: NCCL and the CUDA runtime. cuda_nccl_api.cc is compiled only when CMake finds
+// both; without them create_nccl_transport_stub.cc defines these functions (CreateCudaNcclApi
+// fails with kUnavailable, CudaDeviceCount is 0). This header has no CUDA types, so code using it
+// (the factory; tests that need device memory) builds everywhere with a plain C++ compiler.
 #pragma once
 
 #include <memory>

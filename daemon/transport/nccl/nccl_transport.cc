@@ -1,4 +1,4 @@
-// NcclTransport: bootstrap, staging, the four Transport calls over NCCL, and the deadline/abort
+// NcclTransport: bootstrap, staging, the Transport calls over NCCL, and the deadline/abort
 // discipline described in nccl_transport.h. No CUDA or NCCL types here: everything goes through
 // NcclApi, so this file is tested on CPU against a fake.
 #include "daemon/transport/nccl/nccl_transport.h"
@@ -258,6 +258,27 @@ Status NcclTransport::AllReduceSum(void* data, size_t count, ElementType type, u
   SPARSYNC_RETURN_IF_ERROR(Await(what, deadline, /*drain=*/true));
   std::memcpy(data, data_.host, bytes);
   return Status::Ok();
+}
+
+// The device path: the collective runs in place on the caller's buffer, so nothing is staged or
+// copied; the same deadline, abort and sticky-error discipline as the host path.
+Status NcclTransport::AllReduceSumOnDevice(void* device_data, size_t count, ElementType type,
+                                           uint32_t tag) {
+  const size_t bytes = count * ElementSize(type);
+  const std::string what = Describe("allreduce in device memory", tag, bytes);
+  if (options_.device < 0) {
+    return InvalidArgument(what +
+                           ": this NCCL transport was made without its CUDA device "
+                           "(NcclTransportOptions::device is -1), so it takes host memory only");
+  }
+  CallScope call(this);
+  SPARSYNC_RETURN_IF_ERROR(call.status());
+  if (bytes == 0) return Status::Ok();  // as AllReduceSum: every node has the same count, all skip
+  const auto deadline = Clock::now() + options_.timeout;
+  SPARSYNC_RETURN_IF_ERROR(
+      Enqueue(what, api_->AllReduceSum(device_data, device_data, count, type)));
+  // Drained, not only enqueued: the sum is in place when the call returns.
+  return Await(what, deadline, /*drain=*/true);
 }
 
 Status NcclTransport::GatherChunks(const std::string& what, Clock::time_point deadline,

@@ -4,10 +4,15 @@
 // rendezvous store (RendezvousStore::Set, i.e. the StoreSet RPC); every other node reads it with
 // a deadline (StoreGet) and all join one non-blocking communicator.
 //
-// Data path: the callers hand host memory today (the executor works on shared memory), so each
-// call stages through pinned host and device buffers that are grown on demand and reused:
-//   host span -> pinned -> device (copy on the stream) -> NCCL collective -> device -> pinned
-//   -> host span.
+// Data path: two kinds of caller memory.
+//   - Host memory (AllReduceSum, AllGatherV, Broadcast, SendRecv): each call stages through
+//     pinned host and device buffers that are grown on demand and reused:
+//       host span -> pinned -> device (copy on the stream) -> NCCL collective -> device -> pinned
+//       -> host span.
+//   - Device memory (AllReduceSumOnDevice, when the node's sum is already on the GPU): the
+//     collective runs in place on the caller's buffer on CUDA device `options.device`; no staging
+//     buffer, no host copy. The caller's writes must be finished (its stream synchronised) before
+//     the call; the transport's own stream is a different one.
 // Every call is enqueued on the one dedicated stream in call order (NCCL matches operations by
 // order, not by tag; the schedule makes every node call in the same order), and the call returns
 // only after the stream has drained. Tags appear in error messages only.
@@ -42,6 +47,9 @@ struct NcclTransportOptions {
   // Where node 0 publishes the unique id. A job that builds several communicators over the same
   // store gives each its own key.
   std::string store_key = "nccl/unique_id";
+  // The CUDA device the communicator lives on (cuda_device()); -1: unknown, and
+  // AllReduceSumOnDevice fails with kInvalidArgument.
+  int device = -1;
 };
 
 class NcclTransport : public Transport {
@@ -63,6 +71,10 @@ class NcclTransport : public Transport {
   Status SendRecv(int peer, const void* send, size_t send_bytes, void* recv, size_t recv_capacity,
                   size_t* recv_bytes, uint32_t tag) override;
   void Abort(const Status& reason) override;
+  int cuda_device() const override { return options_.device; }
+  // REQUIRES: device_data is memory of CUDA device cuda_device() (or nullptr when count is 0).
+  Status AllReduceSumOnDevice(void* device_data, size_t count, ElementType type,
+                              uint32_t tag) override;
 
  private:
   // A device buffer and its pinned host mirror, of the same capacity; grows, never shrinks.

@@ -1,5 +1,6 @@
 """Worker: 30 steps of DistributedOptimizer on a small classifier with whatever compressor the
-daemons were started with; writes its loss history and final parameters."""
+daemons were started with; writes its loss history and final parameters. ONE_TENSOR=1: a single
+linear layer without bias."""
 
 import json
 import os
@@ -13,7 +14,11 @@ torch.set_num_threads(1)
 hvd.init()
 r = hvd.rank()
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+if os.environ.get("ONE_TENSOR"):  # one gradient per step: its merge group cannot vary
+    model = torch.nn.Sequential(torch.nn.Linear(128, 10, bias=False))
+else:
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
 sparsify = None
 if os.environ.get("SPARSIFY"):  # "name:density"
     name, density = os.environ["SPARSIFY"].split(":")

@@ -16,6 +16,7 @@
 //                  SPARSYNC_SP_INVALID_ARGUMENT.
 //   float16 pack   out[j] = kernels/dtype.h FloatToHalf(values[j]) and residual[indices[j]] =
 //                  values[j] - HalfToFloat(out[j]), entries out of [0, numel) skipped.
+//   divide         data[i] /= (float)divisor in float32, nothing done for divisor 1.
 //   arguments      checked by the code the real library uses (sparsify_plugin_support.h); a
 //                  rejected call leaves the workspace's last result as it was.
 // For tests it also counts the selections and scatter-adds it ran (sparsync_fake_sp_calls).
@@ -164,6 +165,16 @@ int PackFloat16(const float* values, const int32_t* indices, int64_t count, uint
   return SPARSYNC_SP_OK;
 }
 
+int Divide(float* data, int64_t numel, double divisor, sparsync_sp_error* error) {
+  const Status args = CheckDivideArgs(data, numel, divisor);
+  if (!args.ok()) return Reject(error, args);
+  if (divisor != 1.0) {
+    const float d = static_cast<float>(divisor);
+    for (int64_t i = 0; i < numel; ++i) data[i] /= d;
+  }
+  return SPARSYNC_SP_OK;
+}
+
 int FinishCall(sparsync_sp_workspace* ws, int64_t* count, sparsync_sp_error* error) {
   if (count != nullptr) *count = 0;
   if (ws == nullptr) {
@@ -226,6 +237,12 @@ SPARSYNC_SP_EXPORT int sparsync_sp_pack_float16_residual(const float* values,
   return Guarded("sparsync_sp_pack_float16_residual", error, [&] {
     return fake::PackFloat16(values, indices, count, out, residual, numel, error);
   });
+}
+
+SPARSYNC_SP_EXPORT int sparsync_sp_divide(float* data, int64_t numel, double divisor, void*,
+                                          sparsync_sp_error* error) {
+  return Guarded("sparsync_sp_divide", error,
+                 [&] { return fake::Divide(data, numel, divisor, error); });
 }
 
 SPARSYNC_SP_EXPORT int sparsync_sp_finish(sparsync_sp_workspace* workspace, void* stream,

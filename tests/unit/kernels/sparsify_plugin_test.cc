@@ -5,7 +5,8 @@
 // tests/gpu/device_check.sh) the buffers are cudaMalloc'd through the CUDA runtime the plugin
 // itself loaded, on a stream of that runtime, and every test skips when there is no device. Results
 // are checked against host computations: the reference top-k (kernels/reference) and the
-// add-in-order-then-divide definition of scatter-add-average, bit for bit.
+// add-in-order-then-divide definition of scatter-add-average and the host's float32 division,
+// bit for bit.
 
 #include "kernels/cuda/sparsify_plugin.h"
 
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -57,6 +59,7 @@ struct Library {
   decltype(&sparsync_sp_topk_residual) topk_residual = nullptr;
   decltype(&sparsync_sp_scatter_add_average) scatter_add_average = nullptr;
   decltype(&sparsync_sp_pack_float16_residual) pack_float16_residual = nullptr;
+  decltype(&sparsync_sp_divide) divide = nullptr;
   decltype(&sparsync_sp_finish) finish = nullptr;
   int64_t (*fake_calls)() = nullptr;  // only in the fake
   bool device = false;                // buffers in device memory through `cuda`
@@ -111,6 +114,7 @@ Library Load() {
   Resolve(handle, "sparsync_sp_topk_residual", &lib.topk_residual, &e);
   Resolve(handle, "sparsync_sp_scatter_add_average", &lib.scatter_add_average, &e);
   Resolve(handle, "sparsync_sp_pack_float16_residual", &lib.pack_float16_residual, &e);
+  Resolve(handle, "sparsync_sp_divide", &lib.divide, &e);
   Resolve(handle, "sparsync_sp_finish", &lib.finish, &e);
   lib.fake_calls = reinterpret_cast<int64_t (*)()>(dlsym(handle, "sparsync_fake_sp_calls"));
   const char* device = std::getenv("SPARSYNC_TEST_SPARSIFY_DEVICE");
@@ -483,6 +487,138 @@ TEST_F(SparsifyPluginTest, Float16PackingPutsTheRoundingBackIntoTheResidual) {
                                         kNumel, stream(), &error),
             SPARSYNC_SP_INVALID_ARGUMENT);
   EXPECT_NE(std::string(error.message).find("null"), std::string::npos) << error.message;
+}
+
+float FromBits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Values whose quotients round (1/3 of most floats is not a float), both signs, signed zeros,
+// subnormals (in and out), the largest and smallest normals, infinities and a NaN with a payload,
+// then more of the given kind, `numel` in all.
+std::vector<float> DivideInput(int64_t numel, DataKind kind) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  constexpr float kMin = std::numeric_limits<float>::min();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::vector<float> v = {1.0f, -1.0f, 2.0f, -7.0f, 0.1f, 10.0f, 3.0f, 123456.789f, -0.33333334f};
+  v.insert(v.end(), {0.0f, -0.0f});
+  v.insert(v.end(), {1e-40f, -1e-44f, kMin, -kMin * 1.5f, -3.3e-38f});  // subnormal quotients
+  v.insert(v.end(), {1e30f, kMax, -kMax, kInf, -kInf, FromBits(0x7FC01234u)});
+  const std::vector<float> more = MakeData(kind, numel - static_cast<int64_t>(v.size()), 5);
+  v.insert(v.end(), more.begin(), more.end());
+  return v;
+}
+
+// (numel, divisor, data kind): one block and many (the kernel strides over the grid), an integral
+// divisor, and one that float32 does not hold (the division is by its float32 rounding).
+class DivideTest : public SparsifyPluginTest,
+                   public ::testing::WithParamInterface<std::tuple<int64_t, double, DataKind>> {};
+
+TEST_P(DivideTest, MatchesTheHostFloat32DivisionBitForBit) {
+  const auto [numel, divisor, kind] = GetParam();
+  constexpr int64_t kGuard = 64;
+  ASSERT_NE(Workspace(1, 0), nullptr);  // only for Finish, which waits for the stream
+  const std::vector<float> input = DivideInput(numel, kind);
+  // The tensor sits inside a larger allocation whose guard elements must stay untouched.
+  std::vector<float> storage(static_cast<size_t>(numel + 2 * kGuard), -5.0f);
+  std::copy(input.begin(), input.end(), storage.begin() + kGuard);
+  Buffer<float> data(lib(), storage);
+  sparsync_sp_error error{};
+  ASSERT_EQ(lib().divide(data.get() + kGuard, numel, divisor, stream(), &error), SPARSYNC_SP_OK)
+      << error.message;
+  int64_t unused = -1;
+  ASSERT_EQ(Finish(&unused, &error), SPARSYNC_SP_OK) << error.message;
+  const std::vector<float> got = data.Download();
+  const float d = static_cast<float>(divisor);
+  int64_t rounded = 0;
+  for (int64_t i = 0; i < numel; ++i) {
+    const float x = input[i];
+    const float want = x / d;
+    const float actual = got[kGuard + i];
+    if (std::isnan(want)) {  // a GPU may give another NaN
+      ASSERT_TRUE(std::isnan(actual)) << i << ": " << x << " / " << d << " = " << actual;
+      continue;
+    }
+    ASSERT_TRUE(SameBits(actual, want))
+        << i << ": " << x << " / " << d << " = " << actual << ", expected " << want;
+    if (static_cast<double>(want) * d != static_cast<double>(x)) ++rounded;
+  }
+  EXPECT_GT(rounded, numel / 4) << "too few quotients that need rounding";
+  for (int64_t g = 0; g < kGuard; ++g) {
+    ASSERT_EQ(got[g], -5.0f) << "guard before, " << g;
+    ASSERT_EQ(got[kGuard + numel + g], -5.0f) << "guard after, " << g;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sizes, DivideTest,
+    ::testing::Values(std::make_tuple(int64_t{37}, 3.0, DataKind::kNormal),
+                      std::make_tuple(int64_t{100003}, 3.0, DataKind::kHeavyTailed),
+                      std::make_tuple(int64_t{100003}, 3.0, DataKind::kDenormals),
+                      std::make_tuple(int64_t{5000}, 0.1, DataKind::kNormal)),
+    [](const auto& info) {
+      char divisor[32];
+      std::snprintf(divisor, sizeof divisor, "%g", std::get<1>(info.param));
+      std::replace(divisor, divisor + std::strlen(divisor), '.', '_');
+      return "n" + std::to_string(std::get<0>(info.param)) + "_divisor_" + divisor + "_" +
+             testing::DataKindName(std::get<2>(info.param));
+    });
+
+TEST_F(SparsifyPluginTest, DivideByOneLeavesEveryBitAndNoElementsIsANoOp) {
+  ASSERT_NE(Workspace(1, 0), nullptr);  // only for Finish, which waits for the stream
+  std::vector<float> input = DivideInput(1000, DataKind::kSignedZeros);
+  input.push_back(FromBits(0x7F800001u));  // a signalling NaN, which a division would quiet
+  input.push_back(FromBits(0xFFC00DEFu));  // a negative quiet NaN with a payload
+  Buffer<float> data(lib(), input);
+  const auto n = static_cast<int64_t>(input.size());
+  sparsync_sp_error error{};
+  ASSERT_EQ(lib().divide(data.get(), n, 1.0, stream(), &error), SPARSYNC_SP_OK) << error.message;
+  ASSERT_EQ(lib().divide(nullptr, 0, 3.0, stream(), &error), SPARSYNC_SP_OK) << error.message;
+  ASSERT_EQ(lib().divide(data.get(), 0, 3.0, stream(), &error), SPARSYNC_SP_OK) << error.message;
+  int64_t unused = -1;
+  ASSERT_EQ(Finish(&unused, &error), SPARSYNC_SP_OK) << error.message;
+  const std::vector<float> got = data.Download();
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(SameBits(got[i], input[i])) << i << ": " << got[i] << " for " << input[i];
+  }
+}
+
+TEST_F(SparsifyPluginTest, DivideRejectsBadArgumentsWithAMessage) {
+  ASSERT_NE(Workspace(1, 0), nullptr);  // only for Finish, which waits for the stream
+  const std::vector<float> input = {6.0f, -9.0f, 1.5f};
+  Buffer<float> data(lib(), input);
+  const double kNan = std::numeric_limits<double>::quiet_NaN();
+  const double kInf = std::numeric_limits<double>::infinity();
+  const std::vector<std::tuple<float*, int64_t, double>> bad = {
+      {data.get(), -1, 3.0},   // negative numel
+      {data.get(), 3, 0.0},    // zero divisor
+      {data.get(), 3, -0.0},   // negative zero
+      {data.get(), 3, -2.0},   // negative
+      {data.get(), 3, kNan},   // NaN
+      {data.get(), 3, kInf},   // infinite
+      {data.get(), 3, -kInf},  // negative infinite
+      {data.get(), 0, 0.0},    // a bad divisor is rejected even with no elements
+      {nullptr, 3, 3.0},       // null data with elements
+  };
+  for (const auto& [ptr, numel, divisor] : bad) {
+    SCOPED_TRACE("numel " + std::to_string(numel) + " divisor " + std::to_string(divisor) +
+                 (ptr == nullptr ? " null data" : ""));
+    sparsync_sp_error error{};
+    error.index = 12;
+    EXPECT_EQ(lib().divide(ptr, numel, divisor, stream(), &error), SPARSYNC_SP_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(error.message).find("sparsync_sp_divide"), std::string::npos)
+        << error.message;
+    EXPECT_EQ(error.index, -1);
+  }
+  EXPECT_EQ(lib().divide(nullptr, 3, 3.0, stream(), nullptr), SPARSYNC_SP_INVALID_ARGUMENT)
+      << "error may be null";
+  int64_t unused = -1;
+  sparsync_sp_error error{};
+  ASSERT_EQ(Finish(&unused, &error), SPARSYNC_SP_OK) << error.message;
+  const std::vector<float> got = data.Download();  // no rejected call wrote
+  for (size_t i = 0; i < input.size(); ++i) EXPECT_TRUE(SameBits(got[i], input[i])) << i;
 }
 
 TEST_F(SparsifyPluginTest, BadArgumentsAreRejectedWithAMessage) {

@@ -98,10 +98,14 @@ TEST_F(CudaStagingTest, UnregisterAndDisconnectCloseTheWorkersHandles) {
   ASSERT_TRUE(table_->OnUnregister(session_, un).ok());
   EXPECT_EQ(fake_.Live("ipc_memory"), 1);
   EXPECT_EQ(fake_.Live("events"), events + 3 + 1);
+  // No worker holds "a" any more: the reducers hear of it (and only once).
+  EXPECT_EQ(table_->TakeReleased(), std::vector<std::string>{"a"});
+  EXPECT_TRUE(table_->TakeReleased().empty());
 
   table_->OnDisconnect(session_, Unavailable("the worker was killed"));
   EXPECT_EQ(fake_.Live("ipc_memory"), 0);
   EXPECT_EQ(fake_.Live("events"), events + 2);  // only the done events this test opened
+  EXPECT_EQ(table_->TakeReleased(), std::vector<std::string>{"b"});
 }
 
 TEST_F(CudaStagingTest, ATensorInFlightKeepsItsHandlesUntilTheGroupLetsGo) {

@@ -219,6 +219,30 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Compressor::kGTopK, 3} /* falls back to allgather */),
     Name);
 
+TEST(SparseReducerForgetTest, ATensorThatIsGoneLeavesNothingBehind) {
+  for (Compressor compressor : {Compressor::kTopK, Compressor::kDgc}) {
+    Config c;
+    c.compressor = compressor;
+    c.error_feedback = 1;
+    auto hub = std::make_shared<transport::LoopbackHub>(1);
+    transport::LoopbackTransport t(hub, 0);
+    auto reducer = SparseReducer::Create(c, 0, 1, &t);
+    ASSERT_TRUE(reducer.ok());
+    std::vector<float> g = Gradient(0, 1);
+    uint32_t tag = 0;
+    ASSERT_TRUE((*reducer)->Reduce(kSlices, g, 1, 1, 1.0, &tag).ok());
+    const size_t kept = (*reducer)->state().bytes();
+    ASSERT_GT(kept, 0u) << CompressorName(compressor);
+    (*reducer)->Forget(kA);
+    // Only layer.bias's vectors (one per kind kept) are left.
+    const size_t kinds = kept / (kNumel * sizeof(float));
+    EXPECT_EQ((*reducer)->state().bytes(), kinds * 1000 * sizeof(float))
+        << CompressorName(compressor);
+    (*reducer)->Forget(kB);
+    EXPECT_EQ((*reducer)->state().bytes(), 0u) << CompressorName(compressor);
+  }
+}
+
 TEST(SparseReducerNonFiniteTest, ErrorNamesTheTensorAndNode) {
   Config c;
   c.compressor = Compressor::kTopK;

@@ -194,7 +194,7 @@ class FakeNcclWorld::Api : public NcclApi {
 
   Status AllReduceSum(const void* send, void* recv, size_t count, ElementType type) override {
     const size_t bytes = count * ElementSize(type);
-    if (!device_.Contains(send, bytes) || !device_.Contains(recv, bytes)) {
+    if (!OnDevice(send, bytes) || !OnDevice(recv, bytes)) {
       return InvalidArgument("fake NCCL: allreduce on memory that is not device memory");
     }
     Op op;
@@ -207,8 +207,7 @@ class FakeNcclWorld::Api : public NcclApi {
   }
 
   Status AllGather(const void* send, void* recv, size_t bytes_per_rank) override {
-    if (!device_.Contains(send, bytes_per_rank) ||
-        !device_.Contains(recv, bytes_per_rank * world_->size_)) {
+    if (!OnDevice(send, bytes_per_rank) || !OnDevice(recv, bytes_per_rank * world_->size_)) {
       return InvalidArgument("fake NCCL: allgather on memory that is not device memory");
     }
     Op op;
@@ -220,7 +219,7 @@ class FakeNcclWorld::Api : public NcclApi {
   }
 
   Status Broadcast(const void* send, void* recv, size_t bytes, int root) override {
-    if (!device_.Contains(send, bytes) || !device_.Contains(recv, bytes)) {
+    if (!OnDevice(send, bytes) || !OnDevice(recv, bytes)) {
       return InvalidArgument("fake NCCL: broadcast on memory that is not device memory");
     }
     Op op;
@@ -264,14 +263,14 @@ class FakeNcclWorld::Api : public NcclApi {
   }
 
   Status CopyHostToDevice(void* device_dst, const void* host_src, size_t bytes) override {
-    if (!device_.Contains(device_dst, bytes) || !pinned_.Contains(host_src, bytes)) {
+    if (!OnDevice(device_dst, bytes) || !pinned_.Contains(host_src, bytes)) {
       return InvalidArgument("fake CUDA: host-to-device copy not from pinned to device memory");
     }
     return SubmitCopy(static_cast<char*>(device_dst), static_cast<const char*>(host_src), bytes);
   }
 
   Status CopyDeviceToHost(void* host_dst, const void* device_src, size_t bytes) override {
-    if (!pinned_.Contains(host_dst, bytes) || !device_.Contains(device_src, bytes)) {
+    if (!pinned_.Contains(host_dst, bytes) || !OnDevice(device_src, bytes)) {
       return InvalidArgument("fake CUDA: device-to-host copy not from device to pinned memory");
     }
     return SubmitCopy(static_cast<char*>(host_dst), static_cast<const char*>(device_src), bytes);
@@ -302,6 +301,19 @@ class FakeNcclWorld::Api : public NcclApi {
 
  private:
   Node& node() { return world_->nodes_[rank_]; }
+
+  // This node's device memory: the API's own (AllocDevice) or the caller's (AllocCallerDevice).
+  bool OnDevice(const void* ptr, size_t bytes) {
+    if (device_.Contains(ptr, bytes)) return true;
+    std::lock_guard lock(world_->mu_);
+    if (rank_ < 0) return false;
+    const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    for (const std::vector<char>& region : node().caller_device) {
+      const uintptr_t begin = reinterpret_cast<uintptr_t>(region.data());
+      if (p >= begin && p + bytes <= begin + region.size()) return true;
+    }
+    return false;
+  }
 
   // REQUIRES: world_->mu_ held.
   Status UsageError(const std::string& what) {
@@ -343,6 +355,7 @@ class FakeNcclWorld::Api : public NcclApi {
   Status SubmitCopy(char* dst, const char* src, size_t bytes) {
     std::lock_guard lock(world_->mu_);
     SPARSYNC_RETURN_IF_ERROR(Usable("a copy"));
+    ++node().copies;
     Op op;
     op.kind = Op::Kind::kCopy;
     op.dst = dst;
@@ -354,7 +367,7 @@ class FakeNcclWorld::Api : public NcclApi {
   }
 
   Status PointToPoint(bool send, void* data, size_t bytes, int peer) {
-    if (!device_.Contains(data, bytes)) {
+    if (!OnDevice(data, bytes)) {
       return InvalidArgument("fake NCCL: send/recv on memory that is not device memory");
     }
     std::lock_guard lock(world_->mu_);
@@ -402,6 +415,12 @@ void FakeNcclWorld::SetEnqueuePolls(int polls) {
   enqueue_polls_ = polls;
 }
 
+void* FakeNcclWorld::AllocCallerDevice(int rank, size_t bytes) {
+  std::lock_guard lock(mu_);
+  std::vector<char>& region = nodes_[rank].caller_device.emplace_back(bytes == 0 ? 1 : bytes);
+  return region.data();
+}
+
 int FakeNcclWorld::unique_ids_issued() const {
   std::lock_guard lock(mu_);
   return unique_ids_issued_;
@@ -437,6 +456,16 @@ bool FakeNcclWorld::destroyed(int rank) const {
 int FakeNcclWorld::device_allocations(int rank) const {
   std::lock_guard lock(mu_);
   return nodes_[rank].device_allocations;
+}
+
+int FakeNcclWorld::copies(int rank) const {
+  std::lock_guard lock(mu_);
+  return nodes_[rank].copies;
+}
+
+uint64_t FakeNcclWorld::collectives_issued(int rank) const {
+  std::lock_guard lock(mu_);
+  return nodes_[rank].collectives;
 }
 
 void FakeNcclWorld::FailEverywhere(const std::string& message) {

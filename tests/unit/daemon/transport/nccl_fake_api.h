@@ -13,13 +13,15 @@
 //   - Non-blocking calls: with SetEnqueuePolls(n), every collective and GroupEnd stays
 //     "in progress" for n CommState() polls before its work enters the stream; any other call
 //     meanwhile is a usage error (an async error).
-//   - Memory kinds: collectives must use device memory from AllocDevice, copies must go between
-//     that and pinned memory from AllocPinnedHost; anything else fails the call.
+//   - Memory kinds: collectives must use device memory (from AllocDevice, or the caller's from
+//     AllocCallerDevice), copies must go between that and pinned memory from AllocPinnedHost;
+//     anything else fails the call.
 //   - AbortComm drops the node's pending work; the others are not told (they time out).
 // Results are summed in rank order, so they are bit-identical on every node.
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
@@ -43,6 +45,10 @@ class FakeNcclWorld : public std::enable_shared_from_this<FakeNcclWorld> {
   // CommState() of `rank` fails with `message` from now on (like ncclRemoteError).
   void InjectAsyncError(int rank, const std::string& message);
   void SetEnqueuePolls(int polls);
+  // Memory on `rank`'s device that the caller owns, not the API (the executor's buffer of a
+  // gradient sum): `rank`'s collectives and copies accept it as device memory. Zero-filled; lives
+  // as long as the world; not counted in device_allocations().
+  void* AllocCallerDevice(int rank, size_t bytes);
 
   // --- Observations. ---
   int unique_ids_issued() const;
@@ -56,6 +62,10 @@ class FakeNcclWorld : public std::enable_shared_from_this<FakeNcclWorld> {
   bool destroyed(int rank) const;
   // Device allocations `rank` has made so far (to check that staging buffers are reused).
   int device_allocations(int rank) const;
+  // Host<->device copies `rank` has enqueued so far, both directions.
+  int copies(int rank) const;
+  // Collectives `rank` has issued so far (accepted by the API, whether or not they ran).
+  uint64_t collectives_issued(int rank) const;
 
   class Api;
 
@@ -95,6 +105,8 @@ class FakeNcclWorld : public std::enable_shared_from_this<FakeNcclWorld> {
     bool finalized = false;
     bool destroyed = false;
     int device_allocations = 0;
+    int copies = 0;
+    std::vector<std::vector<char>> caller_device;  // AllocCallerDevice
     std::vector<std::string> executed;
   };
 

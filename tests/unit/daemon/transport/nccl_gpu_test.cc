@@ -1,20 +1,39 @@
 // The NCCL backend's entry point, CreateNcclTransport, against real NCCL and CUDA. Labelled `gpu`
-// in ctest. NCCL refuses two ranks on one GPU, so the device test is a one-node communicator
-// running every call; the multi-node logic is covered on CPU by nccl_transport_test. Without a
-// device (or in a build without NCCL) the device test skips, and the tests here check instead
-// that creating the transport fails with a clear error rather than crashing.
+// in ctest. NCCL refuses two ranks on one GPU, so the device tests are a one-node communicator
+// running every call, on host memory and on the caller's device memory (AllReduceSumOnDevice);
+// the multi-node logic is covered on CPU by nccl_transport_test. Without a device (or in a build
+// without NCCL) the device tests skip, and the tests here check instead that creating the
+// transport fails with a clear error rather than crashing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
 #include "daemon/transport/nccl/create_nccl_transport.h"
+#include "daemon/transport/nccl/cuda_nccl_api.h"
 #include "tests/unit/daemon/transport/memory_store.h"
 
 namespace sparsync::transport {
 namespace {
 
 using namespace std::chrono_literals;
+
+// Waits up to 60 s for the stream of `cuda` to drain.
+Status Drain(NcclApi& cuda) {
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (true) {
+    auto idle = cuda.StreamIdle();
+    if (!idle.ok()) return idle.status();
+    if (*idle) return Status::Ok();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return DeadlineExceeded("a CUDA copy did not finish within 60 s");
+    }
+    cuda.Pause(100us);
+  }
+}
 
 TEST(NcclGpuTest, WithoutNcclOrAGpuCreationFailsClearly) {
   if (NcclUsableDevices() > 0) GTEST_SKIP() << "a CUDA device is present";
@@ -81,6 +100,67 @@ TEST(NcclGpuTest, OneNodeCommunicatorRunsEveryCall) {
   t.Abort(Aborted("test over"));
   float x = 1;
   EXPECT_EQ(t.AllReduceSum(&x, 1, ElementType::kFloat32, 6).code(), StatusCode::kAborted);
+}
+
+TEST(NcclGpuTest, AllReduceSumOnDeviceSumsInPlaceInCudaMemory) {
+  if (!NcclTransportBuilt()) GTEST_SKIP() << "built without NCCL";
+  if (NcclUsableDevices() == 0) GTEST_SKIP() << "no CUDA device";
+  MemoryStore store;
+  auto created = CreateNcclTransport(0, 1, &store, 60s, /*device=*/0);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  Transport& t = **created;
+  EXPECT_EQ(t.cuda_device(), 0);
+
+  // The caller's side: a cudaMalloc'd buffer, written and read back with copies on a stream of
+  // its own, through the backend's CUDA seam (so this file needs no CUDA headers).
+  auto made = CreateCudaNcclApi(0);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  NcclApi& cuda = **made;
+  constexpr size_t kLargest = 3000001;
+  auto device = cuda.AllocDevice(kLargest * sizeof(float));
+  ASSERT_TRUE(device.ok()) << device.status().ToString();
+  auto pinned = cuda.AllocPinnedHost(kLargest * sizeof(float));
+  ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+  float* host = static_cast<float*>(*pinned);
+
+  uint32_t tag = 1;
+  for (size_t count : {size_t{1}, size_t{1000}, kLargest}) {
+    const size_t bytes = count * sizeof(float);
+    std::vector<float> values(count);
+    std::iota(values.begin(), values.end(), 0.5f);
+    std::memcpy(host, values.data(), bytes);
+    ASSERT_TRUE(cuda.CopyHostToDevice(*device, host, bytes).ok());
+    ASSERT_TRUE(Drain(cuda).ok());  // the caller's writes are finished before the call
+    Status st = t.AllReduceSumOnDevice(*device, count, ElementType::kFloat32, tag++);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    std::fill(host, host + count, -1.0f);
+    ASSERT_TRUE(cuda.CopyDeviceToHost(host, *device, bytes).ok());
+    ASSERT_TRUE(Drain(cuda).ok());
+    EXPECT_EQ(std::vector<float>(host, host + count), values)
+        << "a sum over one node is the identity";
+  }
+
+  // A host call between device calls, and int64 in the same buffer.
+  double d = 2.5;
+  ASSERT_TRUE(t.AllReduceSum(&d, 1, ElementType::kFloat64, tag++).ok());
+  EXPECT_EQ(d, 2.5);
+  const std::vector<int64_t> i64 = {int64_t{1} << 50, -3, 7};
+  std::memcpy(host, i64.data(), i64.size() * sizeof(int64_t));
+  ASSERT_TRUE(cuda.CopyHostToDevice(*device, host, i64.size() * sizeof(int64_t)).ok());
+  ASSERT_TRUE(Drain(cuda).ok());
+  Status st = t.AllReduceSumOnDevice(*device, i64.size(), ElementType::kInt64, tag++);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::vector<int64_t> back(i64.size());
+  ASSERT_TRUE(cuda.CopyDeviceToHost(host, *device, i64.size() * sizeof(int64_t)).ok());
+  ASSERT_TRUE(Drain(cuda).ok());
+  std::memcpy(back.data(), host, back.size() * sizeof(int64_t));
+  EXPECT_EQ(back, i64);
+
+  t.Abort(Aborted("test over"));
+  EXPECT_EQ(t.AllReduceSumOnDevice(*device, 1, ElementType::kFloat32, tag).code(),
+            StatusCode::kAborted);
+  cuda.FreeDevice(*device);
+  cuda.FreePinnedHost(*pinned);
 }
 
 TEST(NcclGpuTest, DestroyingAHealthyTransportFinalisesCleanly) {

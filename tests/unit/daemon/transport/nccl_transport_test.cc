@@ -1,6 +1,7 @@
 // NcclTransport's multi-node logic without a GPU: nodes as threads over FakeNcclWorld
 // (nccl_fake_api.h), bootstrapped through an in-memory rendezvous store. Covers results, call
-// order, the size exchange of AllGatherV, staging reuse, and that a dead peer, an async error or
+// order, the size exchange of AllGatherV, staging reuse, the device path (AllReduceSumOnDevice on
+// the caller's device memory, without staging or copies), and that a dead peer, an async error or
 // an Abort() ends a call with an error naming it instead of hanging. Swept over 1-4 nodes, with
 // non-blocking NCCL calls that enter the stream at once or only after a few polls.
 #include "daemon/transport/nccl/nccl_transport.h"
@@ -40,13 +41,15 @@ std::string Hex(const std::string& bytes) {
   return out;
 }
 
-// `nodes` NcclTransports over one fake world, bootstrapped concurrently like real daemons.
+// `nodes` NcclTransports over one fake world, bootstrapped concurrently like real daemons, each
+// on CUDA device `device`.
 struct Cluster {
-  Cluster(int n, int enqueue_polls, std::chrono::milliseconds timeout = 20s)
+  Cluster(int n, int enqueue_polls, std::chrono::milliseconds timeout = 20s, int device = 0)
       : world(FakeNcclWorld::Create(n)), nodes(n) {
     world->SetEnqueuePolls(enqueue_polls);
     NcclTransportOptions options;
     options.timeout = timeout;
+    options.device = device;
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
@@ -73,6 +76,24 @@ struct Cluster {
   MemoryStore store;
   std::vector<std::unique_ptr<NcclTransport>> nodes;
 };
+
+// Node `rank`'s gradient sum already on its GPU: `values` in device memory the caller owns.
+template <typename T>
+T* OnDevice(FakeNcclWorld& world, int rank, const std::vector<T>& values) {
+  void* data = world.AllocCallerDevice(rank, values.size() * sizeof(T));
+  if (!values.empty()) std::memcpy(data, values.data(), values.size() * sizeof(T));
+  return static_cast<T*>(data);
+}
+
+// Element-wise sum over nodes in rank order, as NCCL (and the fake) adds.
+template <typename T>
+std::vector<T> RankOrderSum(const std::vector<std::vector<T>>& parts) {
+  std::vector<T> out = parts[0];
+  for (size_t r = 1; r < parts.size(); ++r) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] += parts[r][i];
+  }
+  return out;
+}
 
 struct Param {
   int nodes;
@@ -378,6 +399,7 @@ TEST_P(NcclTransportTest, ZeroByteCallsSkipNccl) {
     ASSERT_TRUE(t.Broadcast(&f, 0, 0, 2).ok());
     std::vector<size_t> zeros(n(), 0);
     ASSERT_TRUE(t.AllGatherV(nullptr, 0, nullptr, zeros, 3).ok());
+    ASSERT_TRUE(t.AllReduceSumOnDevice(nullptr, 0, ElementType::kFloat32, 4).ok());
     EXPECT_EQ(f, 1.0f);
   });
   for (int r = 0; r < n(); ++r) EXPECT_TRUE(c.world->executed(r).empty()) << "node " << r;
@@ -538,6 +560,173 @@ TEST_P(NcclTransportTest, DestructionFinalisesTheCommunicator) {
   }
 }
 
+// --- AllReduceSumOnDevice: the caller's device memory, no staging. ---
+
+TEST_P(NcclTransportTest, AllReduceSumOnDeviceSumsInPlaceWithoutStagingOrCopies) {
+  Cluster c = MakeCluster();
+  for (int r = 0; r < n(); ++r) EXPECT_EQ(c.nodes[r]->cuda_device(), 0);
+  std::vector<std::string> want;
+  uint32_t tag = 0;
+  for (size_t count : {size_t{1}, size_t{7}, size_t{70001}}) {
+    std::vector<std::vector<float>> data(n(), std::vector<float>(count));
+    for (int r = 0; r < n(); ++r) {
+      std::mt19937 rng(r * 31 + count);
+      std::uniform_real_distribution<float> u(-1, 1);
+      for (auto& x : data[r]) x = u(rng);
+    }
+    const std::vector<float> expected = RankOrderSum(data);
+    std::vector<float*> device(n());
+    for (int r = 0; r < n(); ++r) device[r] = OnDevice(*c.world, r, data[r]);
+    c.OnEachNode([&](int r, Transport& t) {
+      Status st = t.AllReduceSumOnDevice(device[r], count, ElementType::kFloat32, tag);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    });
+    ++tag;
+    for (int r = 0; r < n(); ++r) {
+      ASSERT_EQ(0, std::memcmp(device[r], expected.data(), count * sizeof(float)))
+          << "node " << r << ", " << count << " elements";
+    }
+    want.push_back("allreduce float32 x" + std::to_string(count));
+  }
+  // The 8-byte types, with values where a lost bit would show.
+  std::vector<std::vector<int64_t>> i64(n(), std::vector<int64_t>(5));
+  std::vector<std::vector<double>> f64(n(), std::vector<double>(4));
+  for (int r = 0; r < n(); ++r) {
+    std::iota(i64[r].begin(), i64[r].end(), (int64_t{r + 1} << 40) - 3);
+    std::iota(f64[r].begin(), f64[r].end(), 0.1 + r / 3.0);
+  }
+  std::vector<int64_t*> i64_device(n());
+  std::vector<double*> f64_device(n());
+  for (int r = 0; r < n(); ++r) {
+    i64_device[r] = OnDevice(*c.world, r, i64[r]);
+    f64_device[r] = OnDevice(*c.world, r, f64[r]);
+  }
+  c.OnEachNode([&](int r, Transport& t) {
+    Status st = t.AllReduceSumOnDevice(i64_device[r], 5, ElementType::kInt64, 100);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    st = t.AllReduceSumOnDevice(f64_device[r], 4, ElementType::kFloat64, 101);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  });
+  want.push_back("allreduce int64 x5");
+  want.push_back("allreduce float64 x4");
+  for (int r = 0; r < n(); ++r) {
+    EXPECT_EQ(std::vector<int64_t>(i64_device[r], i64_device[r] + 5), RankOrderSum(i64))
+        << "node " << r;
+    const std::vector<double> f64_sum = RankOrderSum(f64);
+    EXPECT_EQ(0, std::memcmp(f64_device[r], f64_sum.data(), 4 * sizeof(double))) << "node " << r;
+    EXPECT_EQ(c.world->executed(r), want) << "node " << r;
+    EXPECT_EQ(c.world->copies(r), 0) << "node " << r << ": no host<->device copy";
+    EXPECT_EQ(c.world->device_allocations(r), 0) << "node " << r << ": no staging buffer";
+  }
+}
+
+TEST_P(NcclTransportTest, AllReduceSumOnDeviceKeepsCallOrderWithHostCalls) {
+  Cluster c = MakeCluster();
+  std::vector<int64_t*> ints(n());
+  std::vector<double*> doubles(n());
+  for (int r = 0; r < n(); ++r) {
+    ints[r] = OnDevice(*c.world, r, std::vector<int64_t>(4, r + 1));
+    doubles[r] = OnDevice(*c.world, r, std::vector<double>(2, 0.5 * r));
+  }
+  std::vector<size_t> sizes(n());
+  for (int q = 0; q < n(); ++q) sizes[q] = q + 1;
+  std::vector<char> gathered;
+  for (int q = 0; q < n(); ++q) gathered.insert(gathered.end(), q + 1, static_cast<char>('a' + q));
+  c.OnEachNode([&](int r, Transport& t) {
+    std::vector<float> host(3, 1.0f);
+    ASSERT_TRUE(t.AllReduceSum(host.data(), 3, ElementType::kFloat32, 1).ok());
+    EXPECT_EQ(host, std::vector<float>(3, static_cast<float>(n())));
+    Status st = t.AllReduceSumOnDevice(ints[r], 4, ElementType::kInt64, 2);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    std::vector<char> mine(r + 1, static_cast<char>('a' + r));
+    std::vector<char> all(gathered.size());
+    ASSERT_TRUE(t.AllGatherV(mine.data(), mine.size(), all.data(), sizes, 3).ok());
+    EXPECT_EQ(all, gathered);
+    st = t.AllReduceSumOnDevice(doubles[r], 2, ElementType::kFloat64, 4);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    std::vector<int32_t> last(2, r);
+    ASSERT_TRUE(t.AllReduceSum(last.data(), 2, ElementType::kInt32, 5).ok());
+    EXPECT_EQ(last, std::vector<int32_t>(2, n() * (n() - 1) / 2));
+  });
+  double halves = 0;
+  for (int r = 0; r < n(); ++r) halves += 0.5 * r;
+  for (int r = 0; r < n(); ++r) {
+    EXPECT_EQ(std::vector<int64_t>(ints[r], ints[r] + 4),
+              std::vector<int64_t>(4, int64_t{n()} * (n() + 1) / 2))
+        << "node " << r;
+    EXPECT_EQ(std::vector<double>(doubles[r], doubles[r] + 2), std::vector<double>(2, halves))
+        << "node " << r;
+    std::vector<std::string> want = {"allreduce float32 x3", "allreduce int64 x4"};
+    if (n() > 1) want.push_back("allgather 8");
+    want.push_back("allgather " + std::to_string(n()));
+    want.push_back("allreduce float64 x2");
+    want.push_back("allreduce int32 x2");
+    EXPECT_EQ(c.world->executed(r), want) << "node " << r;
+  }
+}
+
+TEST_P(NcclTransportTest, AMissingNodeMakesAnOnDeviceAllReduceTimeOut) {
+  if (n() < 2) GTEST_SKIP() << "needs two nodes";
+  Cluster c = MakeCluster(500ms);
+  const int absent = n() - 1;
+  std::vector<float*> device(n());
+  for (int r = 0; r < n(); ++r) device[r] = OnDevice(*c.world, r, std::vector<float>{1.0f});
+  std::vector<Status> results(n());
+  std::vector<Clock::duration> took(n());
+  c.OnEachNode([&](int r, Transport& t) {
+    if (r == absent) return;  // a dead peer: never calls
+    const auto start = Clock::now();
+    results[r] = t.AllReduceSumOnDevice(device[r], 1, ElementType::kFloat32, 11);
+    took[r] = Clock::now() - start;
+  });
+  for (int r = 0; r < absent; ++r) {
+    EXPECT_EQ(results[r].code(), StatusCode::kDeadlineExceeded) << results[r].ToString();
+    EXPECT_TRUE(Contains(results[r], "NCCL allreduce in device memory (tag 11, 4 bytes) on node " +
+                                         std::to_string(r)))
+        << results[r].ToString();
+    EXPECT_TRUE(Contains(results[r], "500 ms")) << results[r].ToString();
+    EXPECT_GE(took[r], 500ms);
+    EXPECT_LT(took[r], 10s);
+    EXPECT_EQ(c.world->abort_calls(r), 1) << "node " << r;
+    // Sticky, on both paths: later calls fail at once with the first error, without another abort.
+    Status again = c.nodes[r]->AllReduceSumOnDevice(device[r], 1, ElementType::kFloat32, 12);
+    EXPECT_EQ(again.code(), StatusCode::kDeadlineExceeded) << again.ToString();
+    EXPECT_TRUE(Contains(again, "allreduce in device memory (tag 11")) << again.ToString();
+    float x = 1;
+    again = c.nodes[r]->AllReduceSum(&x, 1, ElementType::kFloat32, 13);
+    EXPECT_EQ(again.code(), StatusCode::kDeadlineExceeded) << again.ToString();
+    EXPECT_TRUE(Contains(again, "allreduce in device memory (tag 11")) << again.ToString();
+    EXPECT_EQ(c.world->abort_calls(r), 1);
+    EXPECT_TRUE(c.world->executed(r).empty()) << "node " << r;
+  }
+  EXPECT_EQ(c.world->abort_calls(absent), 0);
+}
+
+TEST_P(NcclTransportTest, AbortFromAnotherThreadEndsABlockedOnDeviceAllReduce) {
+  if (n() < 2) GTEST_SKIP() << "needs a peer that does not come";
+  Cluster c = MakeCluster(60s);
+  float* device = OnDevice(*c.world, 0, std::vector<float>(8, 1.0f));
+  Status result;
+  const auto start = Clock::now();
+  std::thread caller(
+      [&] { result = c.nodes[0]->AllReduceSumOnDevice(device, 8, ElementType::kFloat32, 51); });
+  // Abort once the collective is with NCCL, so that it stops a call in progress.
+  while (c.world->collectives_issued(0) == 0 && Clock::now() - start < 10s) {
+    std::this_thread::sleep_for(1ms);
+  }
+  c.nodes[0]->Abort(Aborted("the daemon is shutting down"));
+  caller.join();
+  EXPECT_LT(Clock::now() - start, 10s);
+  EXPECT_EQ(result.code(), StatusCode::kAborted) << result.ToString();
+  EXPECT_TRUE(Contains(result, "the daemon is shutting down")) << result.ToString();
+  EXPECT_TRUE(Contains(result, "allreduce in device memory (tag 51")) << result.ToString();
+  EXPECT_EQ(c.world->abort_calls(0), 1);
+  Status later = c.nodes[0]->AllReduceSumOnDevice(device, 8, ElementType::kFloat32, 52);
+  EXPECT_EQ(later.code(), StatusCode::kAborted) << later.ToString();
+  EXPECT_TRUE(Contains(later, "the daemon is shutting down")) << later.ToString();
+  EXPECT_EQ(c.world->abort_calls(0), 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Nodes, NcclTransportTest,
                          ::testing::Values(Param{1, 0}, Param{2, 0}, Param{3, 0}, Param{4, 0},
                                            Param{1, 3}, Param{2, 3}, Param{3, 3}, Param{4, 3}),
@@ -610,6 +799,33 @@ TEST(NcclBootstrapTest, EachCommunicatorUsesItsOwnStoreKey) {
   EXPECT_FALSE(store.Peek("nccl/unique_id").has_value());
 }
 
+// --- A transport that does not know its CUDA device. ---
+
+TEST(NcclDeviceMemoryTest, WithoutItsCudaDeviceTheTransportRefusesDeviceMemory) {
+  EXPECT_EQ(NcclTransportOptions{}.device, -1) << "unknown unless the factory says";
+  Cluster c(2, /*enqueue_polls=*/0, 20s, /*device=*/-1);
+  std::vector<float*> device(2);
+  for (int r = 0; r < 2; ++r) device[r] = OnDevice(*c.world, r, std::vector<float>(4, 1.0f));
+  c.OnEachNode([&](int r, Transport& t) {
+    EXPECT_EQ(t.cuda_device(), -1);
+    Status st = t.AllReduceSumOnDevice(device[r], 4, ElementType::kFloat32, 7);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_TRUE(Contains(st, "NcclTransportOptions::device is -1")) << st.ToString();
+    st = t.AllReduceSumOnDevice(nullptr, 0, ElementType::kFloat32, 8);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    // Refused before NCCL: not sticky, and the nodes stay in step.
+    std::vector<float> host(4, 1.0f);
+    st = t.AllReduceSum(host.data(), 4, ElementType::kFloat32, 9);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(host, std::vector<float>(4, 2.0f));
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(std::vector<float>(device[r], device[r] + 4), std::vector<float>(4, 1.0f));
+    EXPECT_EQ(c.world->executed(r), std::vector<std::string>{"allreduce float32 x4"});
+    EXPECT_EQ(c.world->abort_calls(r), 0);
+  }
+}
+
 // --- The fake itself: its strictness is what makes the tests above able to fail. ---
 
 TEST(FakeNcclWorldTest, AStreamCallDuringANonBlockingEnqueueIsAUsageError) {
@@ -662,6 +878,24 @@ TEST(FakeNcclWorldTest, HostMemoryInACollectiveIsRejected) {
   auto device = api->AllocDevice(64);
   ASSERT_TRUE(device.ok());
   EXPECT_FALSE(api->CopyDeviceToHost(pageable, *device, sizeof(pageable)).ok());
+}
+
+TEST(FakeNcclWorldTest, CallerDeviceMemoryIsDeviceMemoryOfItsOwnNodeOnly) {
+  auto world = FakeNcclWorld::Create(2);
+  std::vector<std::unique_ptr<NcclApi>> apis;
+  for (int r = 0; r < 2; ++r) {
+    apis.push_back(world->NewApi());
+    ASSERT_TRUE(apis[r]->InitComm(std::string(128, 'i'), r, 2).ok());
+  }
+  void* mine = world->AllocCallerDevice(0, 64);
+  float host[16] = {};
+  EXPECT_FALSE(apis[1]->AllReduceSum(mine, mine, 16, ElementType::kFloat32).ok())
+      << "another node's GPU";
+  EXPECT_FALSE(apis[0]->AllReduceSum(host, host, 16, ElementType::kFloat32).ok());
+  EXPECT_FALSE(apis[0]->AllReduceSum(mine, mine, 17, ElementType::kFloat32).ok()) << "past its end";
+  EXPECT_TRUE(apis[0]->AllReduceSum(mine, mine, 16, ElementType::kFloat32).ok());
+  EXPECT_EQ(world->collectives_issued(0), 1u);
+  EXPECT_EQ(world->device_allocations(0), 0);
 }
 
 }  // namespace

@@ -183,6 +183,22 @@ TEST_P(TransportTest, SendRecvOfNothingAndCapacityErrorsOnBothSides) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
 }
 
+TEST_P(TransportTest, HostOnlyBackendsRefuseDeviceMemory) {
+  auto [backend, n] = GetParam();
+  auto cluster = Cluster(backend, n);
+  OnEachRank(cluster, [&](int r, Transport& t) {
+    EXPECT_EQ(t.cuda_device(), -1);
+    float x = 1;
+    Status st = t.AllReduceSumOnDevice(&x, 1, ElementType::kFloat32, 11);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find("host memory only"), std::string::npos) << st.ToString();
+    EXPECT_EQ(x, 1.0f);
+    // Refused without communicating: the ranks stay in step.
+    ASSERT_TRUE(t.AllReduceSum(&x, 1, ElementType::kFloat32, 12).ok());
+    EXPECT_EQ(x, static_cast<float>(n));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Backends, TransportTest,
     ::testing::Combine(::testing::Values(Backend::kGloo, Backend::kLoopback),

@@ -1,5 +1,5 @@
-// CUDA float16 packing and scatter-add + average: bit-identical to the host definitions
-// (kernels/dtype.h FloatToHalf; the CPU pipeline's add-in-rank-order then divide).
+// CUDA float16 packing, scatter-add + average and the dense division: bit-identical to the host
+// definitions (kernels/dtype.h FloatToHalf; the CPU pipeline's add-in-rank-order then divide).
 
 #include <gtest/gtest.h>
 
@@ -95,6 +95,40 @@ TEST_F(CudaTest, PackFloat16WithResidualKeepsWhatHalfLoses) {
     residual[static_cast<size_t>(indices[j])] = v[j] - HalfToFloat(FloatToHalf(v[j]));
   }
   for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(SameBits(got[i], residual[i])) << i;
+}
+
+// The host's float32 averaging (x / float(divisor), nothing done for divisor 1), on values of
+// every rounding case, subnormals in and out and infinities; a NaN stays a NaN.
+TEST_F(CudaTest, DivideIsTheHostFloat32Division) {
+  std::vector<float> v = HalfTestValues(100003, 3);
+  v[1] = std::numeric_limits<float>::quiet_NaN();
+  v[2] = -std::numeric_limits<float>::infinity();
+  v[3] = std::numeric_limits<float>::denorm_min();
+  for (double divisor : {3.0, 7.0, 0.1, 1.0}) {
+    SCOPED_TRACE("divisor " + std::to_string(divisor));
+    DeviceArray<float> dv(v);
+    ASSERT_TRUE(Divide(dv.get(), static_cast<int64_t>(v.size()), divisor, stream_).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    const std::vector<float> got = dv.Download();
+    const float d = static_cast<float>(divisor);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const float want = divisor == 1.0 ? v[i] : v[i] / d;  // divisor 1: every bit kept
+      if (std::isnan(want) && divisor != 1.0) {
+        ASSERT_TRUE(std::isnan(got[i])) << i;
+      } else {
+        ASSERT_TRUE(SameBits(got[i], want))
+            << "element " << i << ": " << v[i] << " / " << d << " = " << got[i] << ", not " << want;
+      }
+    }
+  }
+  // Nothing to do, and the argument checks.
+  DeviceArray<float> dv(v);
+  EXPECT_TRUE(Divide(nullptr, 0, 3.0, stream_).ok());
+  EXPECT_EQ(Divide(dv.get(), -1, 3.0, stream_).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Divide(dv.get(), 5, 0.0, stream_).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Divide(dv.get(), 5, std::nan(""), stream_).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Divide(dv.get(), 5, HUGE_VAL, stream_).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Divide(nullptr, 5, 3.0, stream_).code(), StatusCode::kInvalidArgument);
 }
 
 struct HostPayload {
