@@ -20,7 +20,14 @@
 #    process pass a 25 M float32 tensor through the CUDA IPC intake (CudaBuffer, CudaStaging) on
 #    the real runtime, 3 rounds, every value checked, and print the staging copies' bandwidth.
 #    spdlog and fmt come header-only from build-gpu-deps/include if the machine lacks them.
-# 5. Runs kernels_cuda_bench (1 M, 25 M, 100 M float32 at density 0.001 and 0.01) and
+# 5. Builds tests/gpu/nccl on its own and runs nccl_staging_bench: the daemon's NCCL transport on a
+#    one-rank communicator times AllReduceSum on pageable host memory (staged through pinned and
+#    device buffers) against AllReduceSumOnDevice on a cudaMalloc'd buffer, for 1 M, 25 M and
+#    100 M float32 (NCCL_ITERATIONS calls each, default 10), checks that the one-rank sum leaves
+#    every value unchanged, and prints the staging's cost. One rank means no network: the
+#    difference is the host staging. NCCL comes from the CUDA toolkit, the system, PyTorch's
+#    nvidia-nccl wheel or $SPARSYNC_NCCL_ROOT; without any, the step says SKIPPED (not a failure).
+# 6. Runs kernels_cuda_bench (1 M, 25 M, 100 M float32 at density 0.001 and 0.01) and
 #    tests/gpu/torch_baseline.py, which times the torch equivalents on the same GPU and prints the
 #    table: kernel, size, density, our ms, torch ms, speed-up, bound ms, ratio to bound.
 # Logs and the table go to $BUILD_DIR/device_check/ and, when $OUT is set (the device tool), to
@@ -29,8 +36,9 @@
 #
 # Environment: BUILD_DIR (default build-gpu-check), SPARSYNC_CUDA_ARCHITECTURES (default: the
 # project's 80-real;90-real;90-virtual), BENCH_SIZES, BENCH_DENSITIES, BENCH_ITERATIONS,
-# TORCH_ITERATIONS, SANITIZE=0 to skip compute-sanitizer, BUDGET_S (default 450: the steps'
-# timeouts shrink so that the whole check ends within it), CMAKE_EXTRA_ARGS, JOBS (default nproc).
+# TORCH_ITERATIONS, NCCL_ITERATIONS, SPARSYNC_NCCL_ROOT, SANITIZE=0 to skip compute-sanitizer,
+# BUDGET_S (default 450: the steps' timeouts shrink so that the whole check ends within it),
+# CMAKE_EXTRA_ARGS, JOBS (default nproc).
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -209,7 +217,7 @@ if [[ -z "$cudart" ]]; then  # the toolkit's runtime; else the loader's own sear
 fi
 if cmake "${ipc_cmake[@]}" >"$logs/ipc_build.log" 2>&1 &&
    cmake --build "$ipc_build" -j"$jobs" >>"$logs/ipc_build.log" 2>&1; then
-  if timeout "$(step_timeout 90 150)" "$ipc_build/cuda_ipc_check" ${cudart:+--cudart "$cudart"} \
+  if timeout "$(step_timeout 90 170)" "$ipc_build/cuda_ipc_check" ${cudart:+--cudart "$cudart"} \
       --elements $((25 << 20)) --rounds 3 >"$logs/ipc.log" 2>&1; then
     grep "cuda_ipc_check:" "$logs/ipc.log" | tail -1
   else
@@ -221,6 +229,37 @@ else
   status=1
   grep -E "error|Error" "$logs/ipc_build.log" | head -20
   echo "cuda_ipc_check: build FAILED (log: $logs/ipc_build.log)"
+fi
+
+say "NCCL staging: nccl_staging_bench (host-staged vs on-device allreduce, one rank)"
+nccl_build="$build-nccl"
+nccl_cmake=(-S tests/gpu/nccl -B "$nccl_build" -G Ninja -DCMAKE_BUILD_TYPE=Release)
+[[ -n "${SPARSYNC_NCCL_ROOT:-}" ]] && nccl_cmake+=(-DSPARSYNC_NCCL_ROOT="$SPARSYNC_NCCL_ROOT")
+if ! cmake "${nccl_cmake[@]}" >"$logs/nccl_build.log" 2>&1; then
+  if grep -q "sparsync: NCCL not found" "$logs/nccl_build.log"; then  # allowed: not a failure
+    echo "nccl_staging_bench: SKIPPED: NCCL not found on this machine (neither in the CUDA" \
+         "toolkit, the system paths nor PyTorch's nvidia-nccl wheel; log: $logs/nccl_build.log)"
+  else
+    status=1
+    grep -E "error|Error" "$logs/nccl_build.log" | head -20
+    echo "nccl_staging_bench: configure FAILED (log: $logs/nccl_build.log)"
+  fi
+elif ! timeout "$(step_timeout 120 150)" cmake --build "$nccl_build" -j"$jobs" \
+    >>"$logs/nccl_build.log" 2>&1; then
+  status=1
+  grep -E "error|Error" "$logs/nccl_build.log" | head -20
+  echo "nccl_staging_bench: build FAILED (log: $logs/nccl_build.log)"
+else
+  grep "sparsync: NCCL" "$logs/nccl_build.log"
+  if timeout "$(step_timeout 60 150)" "$nccl_build/nccl_staging_bench" \
+      --iterations "${NCCL_ITERATIONS:-10}" --out "$logs/nccl_staging.jsonl" \
+      >"$logs/nccl_staging.log" 2>&1; then
+    grep "nccl_staging_bench:" "$logs/nccl_staging.log"
+  else
+    status=1  # a GPU is there (the probe above), so "no GPU" (exit 2) is a failure here too
+    tail -20 "$logs/nccl_staging.log"
+    echo "nccl_staging_bench: FAILED (log: $logs/nccl_staging.log)"
+  fi
 fi
 
 say "benchmark: kernels_cuda_bench"
