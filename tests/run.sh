@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): installs the dependencies, builds with warnings as errors,
-# runs every GoogleTest suite (ctest), the daemon and kernel suites again under AddressSanitizer
-# and UBSan, the suites of the multi-threaded parts (executor stages, tensor table, coordinator,
-# NCCL transport, CUDA staging) under ThreadSanitizer, and the multi-process pytest suite with
-# real daemons.
+# runs every GoogleTest suite (ctest), the CUDA kernels' tests and the CUDA sparsification
+# library's on the CPU emulation of the CUDA execution model (no GPU here or in CI: the only check
+# of the kernels' logic that runs everywhere), the daemon and kernel suites again under
+# AddressSanitizer and UBSan, the suites of the multi-threaded parts (executor stages, tensor
+# table, coordinator, NCCL transport, CUDA staging) under ThreadSanitizer, and the multi-process
+# pytest suite with real daemons.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -16,6 +18,10 @@ cmake --build build
 
 echo "== GoogleTest (ctest)"
 ctest --test-dir build --output-on-failure -j2
+
+echo "== CUDA kernels on the CPU emulation (tests/gpu/emulation)"
+tests/gpu/emulation/run.sh --gtest_brief=1
+tests/gpu/emulation/run.sh --plugin --gtest_brief=1
 
 echo "== GoogleTest under AddressSanitizer + UBSan"
 cmake -S . -B build-asan -G Ninja -DSPARSYNC_SANITIZE=ON -DSPARSYNC_BUILD_BENCH=OFF -DSPARSYNC_WERROR=ON
