@@ -93,7 +93,11 @@ void TensorTable::OnHello(const std::shared_ptr<intake::WorkerSession>& session,
   };
   std::string token(hello.job_token, hello.token_len);
   std::lock_guard lock(mu_);
-  if (!fatal_.ok()) return refuse(intake::WireStatus(fatal_), "the job has failed: " + fatal_.message());
+  if (!fatal_.ok()) {
+    // The daemons stay failed: a new run needs new daemons (sparsyncrun starts them per job).
+    return refuse(intake::WireStatus(fatal_), "the job has failed: " + fatal_.message() +
+                                                  " (restart the daemons to run again)");
+  }
   bool token_ok = token.size() == job_token_.size();
   unsigned char diff = 0;
   for (size_t i = 0; token_ok && i < token.size(); ++i) diff |= token[i] ^ job_token_[i];

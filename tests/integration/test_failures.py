@@ -51,6 +51,12 @@ def test_killed_worker_fails_all_others(job_factory):
         # The message should let a user find the culprit.
         assert "rank %d" % victim in res["error"] or pid in res["error"], \
             "rank %d: error does not name the dead worker: %s" % (r, res["error"])
+    # The daemons stay failed: a worker started now hears why, and what to do.
+    code = ("import sparsync.torch as hvd\n"
+            "try:\n    hvd.init()\nexcept hvd.SparsyncError as e:\n    print('ERR', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=job.worker_env(0), capture_output=True,
+                         text=True, timeout=30)
+    assert "ERR" in out.stdout and "restart the daemons" in out.stdout, out.stdout + out.stderr
     job.assert_clean_after_stop(job.stop())
 
 
