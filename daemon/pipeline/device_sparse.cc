@@ -96,6 +96,13 @@ Status Grow(const CudaRuntime& rt, int device, T** buffer, size_t count, const c
   return Status::Ok();
 }
 
+// The group's size: its slices' elements.
+size_t Elements(std::span<const GroupSlice> slices) {
+  size_t n = 0;
+  for (const GroupSlice& s : slices) n += s.count;
+  return n;
+}
+
 // Adds the device residual `data` of `name` to `host` and frees it. Blocks for the copy.
 Status Download(const std::string& name, const std::shared_ptr<const CudaRuntime>& rt, int device,
                 float* data, size_t count, std::vector<float>* host) {
@@ -199,16 +206,20 @@ bool DeviceSparse::Takes(std::span<const GroupMember> members) {
   return device >= 0;
 }
 
+DeviceSparse::Residual DeviceSparse::Release(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto it = residuals_.find(name);
+  if (it == residuals_.end()) return {};
+  Residual r = it->second;
+  residuals_.erase(it);
+  return r;
+}
+
 void DeviceSparse::Forget(const std::string& name) {
-  Residual r;
-  {
-    std::lock_guard lock(mu_);
-    auto it = residuals_.find(name);
-    if (it == residuals_.end()) return;
-    r = it->second;
-    residuals_.erase(it);
+  const Residual r = Release(name);
+  if (r.data != nullptr && r.rt->SetDevice(r.device) == intake::kCudaSuccess) {
+    (void)r.rt->Free(r.data);
   }
-  if (r.rt->SetDevice(r.device) == intake::kCudaSuccess) (void)r.rt->Free(r.data);
 }
 
 size_t DeviceSparse::residual_bytes() const {
@@ -221,14 +232,8 @@ size_t DeviceSparse::residual_bytes() const {
 Status DeviceSparse::MoveResidualsToHost(std::span<const GroupSlice> slices,
                                          SparseReducer* sparse) {
   for (const GroupSlice& s : slices) {
-    Residual r;
-    {
-      std::lock_guard lock(mu_);
-      auto it = residuals_.find(*s.name);
-      if (it == residuals_.end()) continue;
-      r = it->second;
-      residuals_.erase(it);
-    }
+    const Residual r = Release(*s.name);
+    if (r.data == nullptr) continue;
     std::vector<float> host;
     SPARSYNC_RETURN_IF_ERROR(Download(*s.name, r.rt, r.device, r.data, r.count, &host));
     sparse->AddResidual(*s.name, host);
@@ -297,8 +302,7 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
                             bool* fall_back) {
   *fall_back = false;
   const std::shared_ptr<const SparsifyLibrary> lib = Library();
-  size_t n = 0;
-  for (const GroupSlice& s : slices) n += s.count;
+  const size_t n = Elements(slices);
   if (!lib || n == 0 || n > static_cast<size_t>(INT32_MAX)) {
     *fall_back = true;
     return Status::Ok();
@@ -432,8 +436,7 @@ Status DeviceSparse::Select(std::span<GroupMember> members, std::span<const Grou
 Status DeviceSparse::Finish(std::span<GroupMember> members, std::span<const GroupSlice> slices,
                             SparseReducer* sparse, Scratch* scratch, PreparedGroup& prepared,
                             double divisor, uint32_t* tag) {
-  size_t n = 0;
-  for (const GroupSlice& s : slices) n += s.count;
+  const size_t n = Elements(slices);
   bool skip = false;
   std::vector<DecodedSparse> payloads;
   SPARSYNC_RETURN_IF_ERROR(
@@ -555,8 +558,7 @@ Status DeviceSparse::PrepareDense(std::span<GroupMember> members,
                                   bool* fall_back) {
   *fall_back = false;
   const std::shared_ptr<const SparsifyLibrary> lib = Library();
-  size_t n = 0;
-  for (const GroupSlice& s : slices) n += s.count;
+  const size_t n = Elements(slices);
   if (!lib || n == 0) {
     *fall_back = true;
     return Status::Ok();
@@ -598,8 +600,7 @@ Status DeviceSparse::PrepareDense(std::span<GroupMember> members,
 Status DeviceSparse::FinishDense(std::span<GroupMember> members,
                                  std::span<const GroupSlice> slices, Scratch* scratch,
                                  transport::Transport* transport, double divisor, uint32_t* tag) {
-  size_t n = 0;
-  for (const GroupSlice& s : slices) n += s.count;
+  const size_t n = Elements(slices);
   CudaTensor& first = *members[0].parts[0].cuda;
   const bool fused = members.size() > 1;
   float* data = fused ? scratch->group : static_cast<float*>(first.data());

@@ -149,6 +149,8 @@ class DeviceSparse {
     size_t count = 0;
   };
   bool LoadLocked(std::string* error);  // REQUIRES: mu_ held
+  // `name`'s residual, taken out of the map (data null: it had none); the caller owns it.
+  Residual Release(const std::string& name);
   // The library, unless the device path was disabled (null then).
   std::shared_ptr<const SparsifyLibrary> Library() const;
   // Points `scratch` at `device` and `lib` (freeing what it held elsewhere) and grows its group

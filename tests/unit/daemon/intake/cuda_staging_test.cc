@@ -188,10 +188,7 @@ struct FakeNccl {
     void* lib = dlopen(SPARSYNC_FAKE_NCCL, RTLD_NOW | RTLD_LOCAL);
     EXPECT_NE(lib, nullptr) << dlerror();
     FakeNccl f{};
-    auto bind = [&](auto* fn, const char* name) {
-      *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(dlsym(lib, name));
-      EXPECT_NE(*fn, nullptr) << name;
-    };
+    auto bind = [lib](auto* fn, const char* name) { test::BindFake(lib, fn, name); };
     bind(&f.Journal, "sparsync_fake_nccl_journal");
     bind(&f.Misuse, "sparsync_fake_nccl_misuse");
     bind(&f.LiveComms, "sparsync_fake_nccl_live_comms");

@@ -23,6 +23,13 @@ namespace sparsync::intake::test {
 using pipeline::GroupMember;
 using pipeline::TensorTable;
 
+// Points `*fn` at `name` in the dlopened `lib`; a missing symbol fails the test.
+template <typename Fn>
+void BindFake(void* lib, Fn* fn, const char* name) {
+  *fn = reinterpret_cast<Fn>(dlsym(lib, name));
+  EXPECT_NE(*fn, nullptr) << name;
+}
+
 // The fake runtime's C API, as the worker side of these tests calls it.
 struct FakeCuda {
   int (*Malloc)(void**, size_t);
@@ -44,10 +51,7 @@ struct FakeCuda {
     void* lib = dlopen(SPARSYNC_FAKE_CUDART, RTLD_NOW | RTLD_LOCAL);
     EXPECT_NE(lib, nullptr) << dlerror();
     FakeCuda f{};
-    auto bind = [&](auto* fn, const char* name) {
-      *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(dlsym(lib, name));
-      EXPECT_NE(*fn, nullptr) << name;
-    };
+    auto bind = [lib](auto* fn, const char* name) { BindFake(lib, fn, name); };
     bind(&f.Malloc, "cudaMalloc");
     bind(&f.Free, "cudaFree");
     bind(&f.Memcpy, "cudaMemcpy");
