@@ -26,7 +26,7 @@ namespace {
 
 using sparsync::pipeline::Decode;
 using sparsync::pipeline::Encode;
-using sparsync::pipeline::IndexCoding;
+using sparsync::IndexCoding;
 using sparsync::pipeline::MaxEncodedBytes;
 using sparsync::pipeline::SparseTensor;
 using sparsync::pipeline::ValueCoding;

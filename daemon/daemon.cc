@@ -4,7 +4,11 @@
 
 #include <vector>
 
+#include "daemon/device/device_dense_path.h"
+#include "daemon/device/device_intake.h"
+#include "daemon/device/device_topk_path.h"
 #include "daemon/intake/server.h"
+#include "daemon/intake/worker_handler.h"
 #include "daemon/negotiation/coordinator_core.h"
 #include "daemon/negotiation/grpc_link.h"
 #include "daemon/negotiation/grpc_service.h"
@@ -108,50 +112,45 @@ Status Daemon::Start() {
     spdlog::info("measured cost model: {}", cost->ToString());
     if (core_) core_->SetCostModel(*cost);
   }
-  pipeline::CudaOptions cuda{config_.cudart, config_.local_nccl, config_.libnccl, nullptr};
-  std::shared_ptr<pipeline::DeviceSparse> device_sparse;
-  if (config_.device_sparsify) {
-    device_sparse = std::make_shared<pipeline::DeviceSparse>(config_.sparsify_library);
-    SPARSYNC_RETURN_IF_ERROR(device_sparse->LoadExplicit());
-    // Which compressors a tensor may choose at registration keep it on the device (the density
-    // does not matter), worked out once rather than for every gradient of every step: those
-    // sparsified there, and with a transport that takes device memory (NCCL) the dense ones.
-    const bool dense_on_device = transport_->cuda_device() >= 0;
-    std::vector<bool> on_device(SPARSYNC_COMPRESSOR_COUNT, false);
-    for (uint32_t c = 0; c < SPARSYNC_COMPRESSOR_COUNT; ++c) {
-      auto tensor = pipeline::TensorConfig(config_, c, 0);
-      on_device[c] = tensor.ok() && (pipeline::SelectsOnDevice(*tensor) ||
-                                     (dense_on_device && tensor->compressor == Compressor::kNone));
-    }
-    cuda.keep_on_device = [device_sparse, on_device,
-                           dense_on_device](const negotiation::TensorMeta& meta) {
-      const bool keep = meta.op == SPARSYNC_OP_GRADIENT
-                            ? meta.compressor < on_device.size() && on_device[meta.compressor]
-                            : dense_on_device;
-      return keep && device_sparse->Available();
-    };
-  }
-  // The table reports to the agent, which is built next; neither is used before intake starts.
-  table_ = std::make_unique<pipeline::TensorTable>(
-      world, config_.job_token,
-      [this](pipeline::ReadyNotice n) {
-        agent_->Report({std::move(n.meta), n.slot, std::move(n.worker_dim0), n.ready_ns});
-      },
-      [this](const Status& error) { agent_->Fail(error); },
-      std::move(cuda));
-  SPARSYNC_RETURN_IF_ERROR(table_->LoadExplicitLibraries());
-  agent_ = std::make_unique<negotiation::NodeAgent>(
-      link_, config_.node_rank, /*direct=*/core_ != nullptr,
-      [this](const std::string& name, uint32_t slot) { table_->BindSlot(name, slot); },
-      LivenessWindow(config_));
+  // The reduce paths, device first: a group takes the first that takes it (reduce_path.h).
+  sparse_ = std::make_unique<pipeline::SparseReducers>(config_, config_.node_rank,
+                                                       config_.num_nodes, transport_.get());
   if (config_.compressor != Compressor::kNone) {
     // Fail at start, not at the first gradient, if the compressor cannot be built.
-    auto probe = pipeline::SparseReducer::Create(config_, config_.node_rank, config_.num_nodes,
-                                                 transport_.get());
+    auto probe = sparse_->For(std::nullopt, 0);
     if (!probe.ok()) return probe.status();
   }
+  std::vector<std::unique_ptr<pipeline::ReducePath>> paths;
+  device::DeviceIntakeOptions device_options{config_.cudart, config_.local_nccl, config_.libnccl,
+                                             nullptr};
+  if (config_.device_sparsify) {
+    auto plugin = std::make_shared<device::SparsifyPlugin>(config_.sparsify_library);
+    SPARSYNC_RETURN_IF_ERROR(plugin->LoadExplicit());
+    auto topk = std::make_unique<device::DeviceTopKPath>(config_, plugin, &sparse_->state());
+    auto dense = std::make_unique<device::DeviceDensePath>(config_, plugin, transport_.get());
+    device_options.keep_on_device = [topk = topk.get(),
+                                     dense = dense.get()](const TensorMeta& meta) {
+      return topk->WantsOnDevice(meta) || dense->WantsOnDevice(meta);
+    };
+    paths.push_back(std::move(topk));
+    paths.push_back(std::move(dense));
+  }
+  for (auto& path : pipeline::HostPaths(world, transport_.get())) paths.push_back(std::move(path));
+
+  device_ = std::make_unique<device::DeviceIntake>(std::move(device_options));
+  SPARSYNC_RETURN_IF_ERROR(device_->LoadExplicitLibraries());
+  table_ = std::make_unique<pipeline::TensorTable>(world, &failure_);
+  agent_ = std::make_unique<negotiation::NodeAgent>(link_, config_.node_rank,
+                                                    /*direct=*/core_ != nullptr, &failure_,
+                                                    LivenessWindow(config_));
+  handler_ = std::make_unique<intake::WorkerHandler>(
+      world, config_.job_token, &failure_, table_.get(), device_.get(),
+      [this](negotiation::ReadyTensor t) { agent_->Report(std::move(t)); });
+  // The handler answers every pending collective, then the agent tells the coordinator.
+  failure_.Observe([this](const Status& e, JobFailure::Source s) { handler_->OnFailure(e, s); });
+  failure_.Observe([this](const Status& e, JobFailure::Source s) { agent_->OnFailure(e, s); });
+
   pipeline::ExecutorOptions executor_options;
-  executor_options.device_sparse = std::move(device_sparse);
   if (core_ && config_.merge.calibrate) {
     // Node 0's own group costs keep the planner's model current while the job trains.
     negotiation::CoordinatorCore* core = core_.get();
@@ -161,23 +160,23 @@ Status Daemon::Start() {
   }
   executor_ = std::make_unique<pipeline::Executor>(
       world, table_.get(), transport_.get(),
-      [this](std::chrono::milliseconds wait) { return agent_->Next(wait); },
-      [this](const Status& error) { agent_->Fail(error); }, std::chrono::seconds(10),
-      std::make_unique<pipeline::SparseReducers>(config_, config_.node_rank, config_.num_nodes,
-                                                 transport_.get()),
-      std::move(executor_options));
+      [this](std::chrono::milliseconds wait) { return agent_->Next(wait); }, &failure_,
+      sparse_.get(), std::move(paths), std::move(executor_options));
   agent_->Start();
   executor_->Start();
   intake_ = std::make_unique<intake::IntakeServer>(config_.socket_path, config_.node_rank,
-                                                   table_.get(), config_.timeout());
+                                                   handler_.get(), config_.timeout());
   return intake_->Start();
 }
 
 void Daemon::Stop() {
   if (stopped_) return;
   stopped_ = true;
-  if (table_) table_->Shutdown(Aborted("the daemon of node " + std::to_string(config_.node_rank) +
-                                      " is shutting down"));
+  if (handler_) {
+    failure_.Fail(Aborted("the daemon of node " + std::to_string(config_.node_rank) +
+                          " is shutting down"),
+                  JobFailure::Source::kShutdown);
+  }
   if (intake_) intake_->Stop();
   if (agent_ && transport_) agent_->Leave();
   if (executor_) executor_->Stop();

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "daemon/common/config.h"
+#include "daemon/common/job_failure.h"
 
 namespace sparsync {
 
@@ -20,10 +21,15 @@ class RendezvousStore;
 }  // namespace transport
 namespace pipeline {
 class TensorTable;
+class SparseReducers;
 class Executor;
 }  // namespace pipeline
+namespace device {
+class DeviceIntake;
+}
 namespace intake {
 class IntakeServer;
+class WorkerHandler;
 }
 
 class Daemon {
@@ -44,8 +50,12 @@ class Daemon {
   negotiation::CoordinatorLink* link_ = nullptr;
   std::unique_ptr<transport::RendezvousStore> store_;
   std::unique_ptr<transport::Transport> transport_;
+  JobFailure failure_;  // the node's one sticky failure; observed by the handler and the agent
   std::unique_ptr<pipeline::TensorTable> table_;
+  std::unique_ptr<device::DeviceIntake> device_;
+  std::unique_ptr<intake::WorkerHandler> handler_;
   std::unique_ptr<negotiation::NodeAgent> agent_;
+  std::unique_ptr<pipeline::SparseReducers> sparse_;
   std::unique_ptr<pipeline::Executor> executor_;
   std::unique_ptr<intake::IntakeServer> intake_;
   bool stopped_ = false;

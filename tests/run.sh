@@ -4,7 +4,7 @@
 # library's on the CPU emulation of the CUDA execution model (no GPU here or in CI: the only check
 # of the kernels' logic that runs everywhere), the daemon and kernel suites again under
 # AddressSanitizer and UBSan, the suites of the multi-threaded parts (executor stages, tensor
-# table, coordinator, NCCL transport, CUDA staging) under ThreadSanitizer, and the multi-process
+# table, coordinator, NCCL transport, device layer) under ThreadSanitizer, and the multi-process
 # pytest suite with real daemons.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,8 +31,8 @@ UBSAN_OPTIONS=halt_on_error=1 build-asan/kernels/kernels_test --gtest_brief=1
 
 echo "== GoogleTest under ThreadSanitizer"
 cmake -S . -B build-tsan -G Ninja -DSPARSYNC_TSAN=ON -DSPARSYNC_BUILD_BENCH=OFF -DSPARSYNC_WERROR=ON
-cmake --build build-tsan --target daemon_test nccl_transport_test cuda_staging_test
-for t in daemon_test nccl_transport_test cuda_staging_test; do
+cmake --build build-tsan --target daemon_test nccl_transport_test device_test
+for t in daemon_test nccl_transport_test device_test; do
   TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/unit/$t --gtest_brief=1
 done
 

@@ -193,7 +193,7 @@ std::vector<Setting> Settings() {
       "coding of the sent indices: raw (int32) or delta (gaps as varints)",
       [](const Setting& st, const std::string& v, Config* c) {
         if (v == "raw" || v == "delta") {
-          c->index_coding = v == "raw" ? IndexCoding::kRaw : IndexCoding::kDelta;
+          c->index_coding = v == "raw" ? IndexCoding::kRaw32 : IndexCoding::kDeltaVarint;
           return Status::Ok();
         }
         return Reject(st, v, "accepted values: raw, delta");
@@ -372,19 +372,6 @@ std::vector<Setting> Settings() {
 
 }  // namespace
 
-const char* CompressorName(Compressor c) {
-  switch (c) {
-    case Compressor::kNone: return "none";
-    case Compressor::kTopK: return "topk";
-    case Compressor::kRandomK: return "randomk";
-    case Compressor::kThreshold: return "threshold";
-    case Compressor::kGaussianK: return "gaussiank";
-    case Compressor::kWangni: return "wangni";
-    case Compressor::kDgc: return "dgc";
-    case Compressor::kGTopK: return "gtopk";
-  }
-  return "?";
-}
 
 bool Config::ErrorFeedback() const {
   if (error_feedback >= 0) return error_feedback == 1;

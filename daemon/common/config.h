@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "daemon/common/status.h"
+#include "daemon/common/tensor_meta.h"
 
 namespace sparsync {
 
-// Gradient compressors (ALGORITHMS.md §1-3). kNone: the exact dense path.
-enum class Compressor { kNone, kTopK, kRandomK, kThreshold, kGaussianK, kWangni, kDgc, kGTopK };
-const char* CompressorName(Compressor c);
-enum class IndexCoding { kRaw, kDelta };
+// How a sparse payload codes its indices (pipeline/sparse_payload.h; the values are the
+// payload's header byte): raw int32, or varint gaps of the sorted indices.
+enum class IndexCoding : uint8_t { kRaw32 = 0, kDeltaVarint = 1 };
 enum class ValueDType { kFloat32, kFloat16 };
 enum class NonFinitePolicy { kError, kSkip };
 enum class TransportKind { kGloo, kNccl };
@@ -45,7 +45,7 @@ struct Config {
   double threshold = 0;                 // threshold compressor: fixed tau; 0 = sampled quantile
   int error_feedback = -1;              // -1: the compressor's default (see ErrorFeedback())
   ValueDType value_dtype = ValueDType::kFloat32;
-  IndexCoding index_coding = IndexCoding::kDelta;
+  IndexCoding index_coding = IndexCoding::kDeltaVarint;
   uint64_t min_compress_bytes = 64 << 10;  // smaller merge groups go dense
   NonFinitePolicy nonfinite = NonFinitePolicy::kError;
   uint64_t seed = 0;                    // job seed of the random compressors

@@ -1,5 +1,6 @@
 #include "daemon/intake/codec.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -137,6 +138,19 @@ Status ValidateRegister(const sparsync_register_msg& r) {
 }
 
 }  // namespace
+
+Result<TensorMeta> MetaOf(const sparsync_register_msg& r) {
+  TensorMeta m;
+  m.name.assign(r.name, strnlen(r.name, std::min<size_t>(r.name_len, sizeof(r.name))));
+  SPARSYNC_ASSIGN_OR_RETURN(m.op, OpFromWire(r.op));
+  SPARSYNC_ASSIGN_OR_RETURN(m.dtype, DTypeFromWire(r.dtype));
+  SPARSYNC_ASSIGN_OR_RETURN(m.reduce_op, ReduceOpFromWire(r.reduce_op));
+  SPARSYNC_ASSIGN_OR_RETURN(m.compressor, CompressorFromWire(r.compressor));
+  m.root_rank = m.op == CollectiveOp::kBroadcast ? r.root_rank : 0;
+  m.shape.assign(r.shape, r.shape + std::min<uint32_t>(r.ndim, SPARSYNC_MAX_DIMS));
+  m.density = r.density;
+  return m;
+}
 
 size_t WireDTypeSize(uint32_t dtype) {
   return sparsync_dtype_size(dtype);

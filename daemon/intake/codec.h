@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "daemon/common/status.h"
+#include "daemon/common/tensor_meta.h"
 #include "proto/intake/wire.h"
 
 namespace sparsync::intake {
@@ -21,6 +22,10 @@ using Message = std::variant<sparsync_hello, sparsync_register_msg, sparsync_rea
 // Decodes one datagram a worker sent. `num_fds`: descriptors that came with it (workers never
 // send any). Errors say what is wrong in words a shim author can act on.
 Result<Message> Decode(const void* data, size_t size, int num_fds);
+
+// The daemon's view of a REGISTER that Decode accepted: the wire numbers become the daemon's
+// types here, at the intake edge (common/tensor_meta.h).
+Result<TensorMeta> MetaOf(const sparsync_register_msg& msg);
 
 // Element size of a wire dtype, 0 if unknown.
 size_t WireDTypeSize(uint32_t dtype);

@@ -5,18 +5,17 @@
 #include <sstream>
 
 #include "daemon/planning/fusion.h"
-#include "proto/intake/wire.h"
 
 namespace sparsync::negotiation {
 namespace {
 
 uint64_t FusionKey(const TensorMeta& m) {
-  if (m.op != SPARSYNC_OP_ALLREDUCE && m.op != SPARSYNC_OP_GRADIENT) return planning::kNeverFuse;
+  if (!Reduces(m.op)) return planning::kNeverFuse;
   // Tensors fuse only if they are reduced the same way: op, dtype, reduce op and compressor.
   uint32_t density_bits;
   std::memcpy(&density_bits, &m.density, sizeof(density_bits));
-  return (uint64_t{density_bits} << 32) | (uint64_t{m.compressor} << 24) |
-         (uint64_t{m.op} << 16) | (uint64_t{m.dtype} << 8) | m.reduce_op;
+  return (uint64_t{density_bits} << 32) | (uint64_t{ToWire(m.compressor)} << 24) |
+         (uint64_t{ToWire(m.op)} << 16) | (uint64_t{ToWire(m.dtype)} << 8) | ToWire(m.reduce_op);
 }
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -110,15 +109,15 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   p.node_ready_ns[node] = ready_ns;
   if (++p.ready_count < options_.num_nodes) return;
 
-  if (meta.op == SPARSYNC_OP_GRADIENT) {
+  if (meta.op == CollectiveOp::kGradient) {
     // The merge scheduler measures every gradient and groups those its plan covers.
     ReadyGradient g;
     g.slot = slot;
     g.name = meta.name;
     g.elements = static_cast<uint64_t>(meta.NumElements());
     g.merge_class = FusionKey(meta);
-    g.dense = meta.compressor == SPARSYNC_COMPRESSOR_NONE ||
-              (meta.compressor == SPARSYNC_COMPRESSOR_DEFAULT && options_.merge.dense_by_default);
+    g.dense = meta.compressor ? *meta.compressor == Compressor::kNone
+                              : options_.merge.dense_by_default;
     g.node_ready_ns = std::move(p.node_ready_ns);
     bool planned = merge_.Ready(g, now);
     AppendMergeOutputs();
@@ -131,13 +130,13 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
 
   Batched b;
   b.tensor.slot = slot;
-  if (meta.op == SPARSYNC_OP_ALLGATHER) {
+  if (meta.op == CollectiveOp::kAllGather) {
     for (auto& d : p.node_dims) b.tensor.worker_dim0.insert(b.tensor.worker_dim0.end(), d.begin(), d.end());
   }
-  b.bytes = static_cast<uint64_t>(meta.NumElements()) * DTypeSize(meta.dtype);
+  b.bytes = meta.Bytes();
   b.fusion_key = FusionKey(meta);
   if (batch_.empty()) batch_started_ = now;
-  batch_urgent_ = batch_urgent_ || meta.op != SPARSYNC_OP_GRADIENT;
+  batch_urgent_ = batch_urgent_ || meta.op != CollectiveOp::kGradient;
   batch_.push_back(std::move(b));
   pending_by_name_.erase(meta.name);
   pending_.erase(it);
@@ -162,7 +161,7 @@ void CoordinatorState::AppendMergeOutputs() {
     entry.plan = std::move(out.plan);
     entry.plan_version = out.plan_version;
     entry.group_index = out.group_index;
-    for (uint32_t slot : out.group) entry.group.push_back({slot, {}});
+    for (uint32_t slot : out.group) entry.group.push_back({slot, {}, {}});
     Append(std::move(entry));
   }
 }

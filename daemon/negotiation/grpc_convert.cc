@@ -34,24 +34,33 @@ Status FromGrpc(const grpc::Status& status, const std::string& what) {
 
 void ToProto(const TensorMeta& in, v1::TensorMeta* out) {
   out->set_name(in.name);
-  out->set_op(in.op);
-  out->set_dtype(in.dtype);
-  out->set_reduce_op(in.reduce_op);
+  out->set_op(ToWire(in.op));
+  out->set_dtype(ToWire(in.dtype));
+  out->set_reduce_op(ToWire(in.reduce_op));
   out->set_root_rank(in.root_rank);
   for (int64_t d : in.shape) out->add_shape(d);
-  out->set_compressor(in.compressor);
+  out->set_compressor(ToWire(in.compressor));
   out->set_density(in.density);
 }
 
-TensorMeta FromProto(const v1::TensorMeta& in) {
+Result<TensorMeta> FromProto(const v1::TensorMeta& in) {
   TensorMeta m;
   m.name = in.name();
-  m.op = in.op();
-  m.dtype = in.dtype();
-  m.reduce_op = in.reduce_op();
+  auto context = [&](const Status& st) { return st.WithContext("tensor '" + m.name + "'"); };
+  auto op = OpFromWire(in.op());
+  if (!op.ok()) return context(op.status());
+  auto dtype = DTypeFromWire(in.dtype());
+  if (!dtype.ok()) return context(dtype.status());
+  auto reduce_op = ReduceOpFromWire(in.reduce_op());
+  if (!reduce_op.ok()) return context(reduce_op.status());
+  auto compressor = CompressorFromWire(in.compressor());
+  if (!compressor.ok()) return context(compressor.status());
+  m.op = *op;
+  m.dtype = *dtype;
+  m.reduce_op = *reduce_op;
   m.root_rank = in.root_rank();
   m.shape.assign(in.shape().begin(), in.shape().end());
-  m.compressor = in.compressor();
+  m.compressor = *compressor;
   m.density = in.density();
   return m;
 }
@@ -87,7 +96,7 @@ ScheduleEntry FromProto(const v1::ScheduleEntry& in) {
   ScheduleEntry e;
   e.seq = in.seq();
   for (const auto& g : in.group()) {
-    e.group.push_back({g.slot(), {g.worker_dim0().begin(), g.worker_dim0().end()}});
+    e.group.push_back({g.slot(), {g.worker_dim0().begin(), g.worker_dim0().end()}, {}});
   }
   if (!in.fatal_error().empty()) {
     uint32_t code = in.fatal_code();

@@ -13,7 +13,8 @@ grpc::Status ToGrpc(const Status& status);
 Status FromGrpc(const grpc::Status& status, const std::string& what);
 
 void ToProto(const TensorMeta& in, v1::TensorMeta* out);
-TensorMeta FromProto(const v1::TensorMeta& in);
+// Fails for a wire number the protocol does not define (a node of another build, or not ours).
+Result<TensorMeta> FromProto(const v1::TensorMeta& in);
 void ToProto(const ScheduleEntry& in, v1::ScheduleEntry* out);
 ScheduleEntry FromProto(const v1::ScheduleEntry& in);
 

@@ -45,7 +45,13 @@ class CoordinatorServer::Service final : public v1::Coordinator::Service {
                       v1::ReportResponse* resp) override {
     if (!core_->TokenMatches(req->job_token())) return kBadToken;
     std::vector<TensorMeta> metas;
-    for (const auto& m : req->new_tensors()) metas.push_back(FromProto(m));
+    for (const auto& m : req->new_tensors()) {
+      auto meta = FromProto(m);
+      if (!meta.ok()) {
+        return ToGrpc(meta.status().WithContext("node " + std::to_string(req->node_rank())));
+      }
+      metas.push_back(std::move(*meta));
+    }
     std::vector<ReportedReady> ready;
     for (const auto& r : req->ready()) {
       ReportedReady rr;

@@ -7,12 +7,12 @@ namespace {
 constexpr auto kPollWait = std::chrono::milliseconds(500);
 }
 
-NodeAgent::NodeAgent(CoordinatorLink* link, int node_rank, bool direct, BindSlotFn bind_slot,
+NodeAgent::NodeAgent(CoordinatorLink* link, int node_rank, bool direct, JobFailure* failure,
                      std::chrono::milliseconds give_up_after)
     : link_(link),
       node_rank_(node_rank),
       direct_(direct),
-      bind_slot_(std::move(bind_slot)),
+      failure_(failure),
       give_up_after_(give_up_after) {}
 
 NodeAgent::~NodeAgent() { Stop(); }
@@ -24,8 +24,8 @@ void NodeAgent::Start() {
     while (true) {
       cv_.wait(lock, [&] { return stopping_ || !outbox_.empty(); });
       if (stopping_) return;
-      std::vector<ReadyTensorReport> batch(std::make_move_iterator(outbox_.begin()),
-                                           std::make_move_iterator(outbox_.end()));
+      std::vector<ReadyTensor> batch(std::make_move_iterator(outbox_.begin()),
+                                     std::make_move_iterator(outbox_.end()));
       outbox_.clear();
       lock.unlock();
       SendReports(std::move(batch));
@@ -45,60 +45,59 @@ void NodeAgent::Stop() {
   if (poller_.joinable()) poller_.join();
 }
 
-void NodeAgent::Report(ReadyTensorReport report) {
-  if (direct_) {
-    SendReports({std::move(report)});
-    return;
-  }
+void NodeAgent::Report(ReadyTensor tensor) {
   {
     std::lock_guard lock(mu_);
-    outbox_.push_back(std::move(report));
+    ++reports_in_flight_;
+    if (!direct_) outbox_.push_back(std::move(tensor));
+  }
+  if (direct_) {
+    SendReports({std::move(tensor)});
+    return;
   }
   cv_.notify_all();
 }
 
-void NodeAgent::SendReports(std::vector<ReadyTensorReport> batch) {
+void NodeAgent::SendReports(std::vector<ReadyTensor> batch) {
   std::lock_guard send_lock(send_mu_);
   std::vector<TensorMeta> new_tensors;
   std::vector<ReportedReady> ready;
-  std::vector<std::pair<size_t, std::string>> new_names;  // new_tensors index -> signature
-  for (auto& r : batch) {
-    ReportedReady rr;
-    rr.worker_dim0 = std::move(r.worker_dim0);
-    rr.ready_ns = r.ready_ns;
-    uint32_t slot = r.slot;
-    if (slot == 0) {
-      std::string key = r.meta.SignatureKey();
-      auto it = slots_.find(key);
-      if (it != slots_.end()) {
-        slot = it->second;
-        bind_slot_(r.meta.name, slot);  // the table forgot it (the tensor was re-registered)
+  {
+    std::lock_guard lock(mu_);
+    for (auto& r : batch) {
+      ReportedReady rr;
+      rr.worker_dim0 = std::move(r.worker_dim0);
+      rr.ready_ns = r.ready_ns;
+      auto known = slot_by_signature_.find(r.meta.SignatureKey());
+      if (known != slot_by_signature_.end()) {
+        rr.slot = known->second;
+      } else {
+        rr.new_index = static_cast<uint32_t>(new_tensors.size());
+        new_tensors.push_back(std::move(r.meta));
+      }
+      ready.push_back(std::move(rr));
+    }
+  }
+  auto slots = link_->Report(node_rank_, new_tensors, ready);
+  Status error;
+  if (!slots.ok()) {
+    error = slots.status();
+  } else if (slots->size() != new_tensors.size()) {
+    error = Internal("the coordinator answered a report with the wrong number of slots");
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (error.ok()) {
+      for (size_t i = 0; i < new_tensors.size(); ++i) {
+        slot_by_signature_[new_tensors[i].SignatureKey()] = (*slots)[i];
+        name_by_slot_[(*slots)[i]] = new_tensors[i].name;
       }
     }
-    if (slot != 0) {
-      rr.slot = slot;
-    } else {
-      rr.new_index = static_cast<uint32_t>(new_tensors.size());
-      new_names.emplace_back(new_tensors.size(), r.meta.SignatureKey());
-      new_tensors.push_back(std::move(r.meta));
-    }
-    ready.push_back(std::move(rr));
+    reports_in_flight_ -= static_cast<int>(batch.size());
   }
-  // Bind before the coordinator can schedule: the table waits briefly for unbound slots anyway.
-  auto slots = link_->Report(node_rank_, new_tensors, ready);
-  if (!slots.ok()) {
-    if (slots.status().code() == StatusCode::kAborted) return;  // the fatal entry will follow
-    InjectFatal(slots.status());
-    return;
-  }
-  if (slots->size() != new_tensors.size()) {
-    InjectFatal(Internal("the coordinator answered a report with the wrong number of slots"));
-    return;
-  }
-  for (size_t i = 0; i < new_tensors.size(); ++i) {
-    slots_[new_names[i].second] = (*slots)[i];
-    bind_slot_(new_tensors[i].name, (*slots)[i]);
-  }
+  cv_.notify_all();
+  // kAborted: the job failed already, and the coordinator's fatal entry follows.
+  if (!error.ok() && error.code() != StatusCode::kAborted) FailUnreported(error);
 }
 
 void NodeAgent::PollLoop() {
@@ -120,8 +119,9 @@ void NodeAgent::PollLoop() {
       }
       if (now - failing_since > give_up_after_) {
         lock.unlock();
-        InjectFatal(Unavailable("lost the coordinator on node 0: " + entries.status().message()));
-        lock.lock();
+        FailUnreported(Unavailable("lost the coordinator on node 0: " +
+                                   entries.status().message()));
+        return;  // nothing more will come from it
       }
       cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_; });
       continue;
@@ -136,11 +136,13 @@ void NodeAgent::PollLoop() {
   }
 }
 
-void NodeAgent::InjectFatal(const Status& error) {
+void NodeAgent::FailUnreported(const Status& error) {
+  if (failure_->Fail(error, JobFailure::Source::kUnreported)) PushFatal(error);
+}
+
+void NodeAgent::PushFatal(const Status& error) {
   {
     std::lock_guard lock(mu_);
-    if (fatal_injected_) return;
-    fatal_injected_ = true;
     ScheduleEntry e;
     e.seq = ~0ull;
     e.fatal = error;
@@ -150,7 +152,27 @@ void NodeAgent::InjectFatal(const Status& error) {
 }
 
 std::vector<ScheduleEntry> NodeAgent::Next(std::chrono::milliseconds wait) {
-  return FollowPlans(Receive(wait));
+  std::vector<ScheduleEntry> entries = FollowPlans(Receive(wait));
+  NameTensors(&entries);
+  return entries;
+}
+
+void NodeAgent::NameTensors(std::vector<ScheduleEntry>* entries) {
+  std::unique_lock lock(mu_);
+  for (ScheduleEntry& e : *entries) {
+    for (GroupTensor& t : e.group) {
+      auto known = [&] { return name_by_slot_.count(t.slot) > 0; };
+      // Bounded by the deadline of the reports in flight; Stop() wakes it.
+      cv_.wait(lock, [&] { return known() || reports_in_flight_ == 0 || stopping_; });
+      if (!known()) {
+        e.fatal = Internal("the schedule names slot " + std::to_string(t.slot) + " which node " +
+                           std::to_string(node_rank_) + " never reported");
+        e.group.clear();
+        break;
+      }
+      t.name = name_by_slot_.at(t.slot);
+    }
+  }
 }
 
 std::vector<ScheduleEntry> NodeAgent::FollowPlans(std::vector<ScheduleEntry> entries) {
@@ -191,7 +213,7 @@ std::vector<ScheduleEntry> NodeAgent::Receive(std::chrono::milliseconds wait) {
     uint64_t after;
     {
       std::lock_guard lock(mu_);
-      while (!inbox_.empty()) {  // locally injected failures
+      while (!inbox_.empty()) {  // locally raised failures
         out.push_back(std::move(inbox_.front()));
         inbox_.pop_front();
       }
@@ -217,11 +239,12 @@ std::vector<ScheduleEntry> NodeAgent::Receive(std::chrono::milliseconds wait) {
   return out;
 }
 
-void NodeAgent::Fail(const Status& error) {
+void NodeAgent::OnFailure(const Status& error, JobFailure::Source source) {
+  if (source != JobFailure::Source::kLocal) return;
   Status st = link_->Fail(node_rank_, error);
   if (!st.ok()) {
     spdlog::error("could not tell the coordinator about the failure: {}", st.message());
-    InjectFatal(error);
+    PushFatal(error);
   }
 }
 

@@ -1,35 +1,38 @@
 // NodeAgent: a node's side of the negotiation. Sends the node's ready tensors to the coordinator
-// (batched: while one report is in flight the next ones queue up), remembers the slots the
-// coordinator assigned (so later rounds send integers, not metadata), and hands the schedule to
-// the executor in order. A lost coordinator becomes a fatal schedule entry, never a hang.
+// (batched: while one report is in flight the next ones queue up), owns the map between the
+// coordinator's slots and this node's tensor names (later rounds send integers, not metadata),
+// and hands the schedule to the executor in order, each group tensor named. A lost coordinator
+// fails the job, never hangs it.
+//
+// Slots: the coordinator assigns a tensor's slot in its answer to the report that first names the
+// tensor, and may schedule that slot before the answer is back here. An entry naming a slot this
+// agent does not know yet therefore waits for the reports in flight, whose answers bring it (each
+// report has a deadline); a slot still unknown after them is a fatal entry.
+//
+// Failures: the agent observes the node's JobFailure (OnFailure): a failure found on this node is
+// reported to the coordinator, which fails every node. When the coordinator cannot be reached
+// (a report or the failure report fails, polls fail for `give_up_after`) the agent fails the job
+// itself and hands the executor a fatal schedule entry, so that a collective blocked on a peer
+// ends at once.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
-#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 
+#include "daemon/common/job_failure.h"
 #include "daemon/negotiation/coordinator_link.h"
 
 namespace sparsync::negotiation {
 
-struct ReadyTensorReport {
-  TensorMeta meta;
-  uint32_t slot = 0;  // known slot, or 0
-  std::vector<int64_t> worker_dim0;
-  int64_t ready_ns = 0;  // this node's steady clock when the tensor became ready here
-};
-
 class NodeAgent {
  public:
-  using BindSlotFn = std::function<void(const std::string& name, uint32_t slot)>;
-
   // `direct`: the link is in-process (node 0): report and poll without helper threads.
   // `give_up_after`: how long the coordinator may be unreachable before the job fails here.
-  NodeAgent(CoordinatorLink* link, int node_rank, bool direct, BindSlotFn bind_slot,
+  NodeAgent(CoordinatorLink* link, int node_rank, bool direct, JobFailure* failure,
             std::chrono::milliseconds give_up_after);
   ~NodeAgent();
 
@@ -37,36 +40,43 @@ class NodeAgent {
   void Stop();
 
   // A tensor is ready on this node. Never blocks on the network.
-  void Report(ReadyTensorReport report);
-  // The next schedule entries, in order; waits up to `wait` (may return none).
+  void Report(ReadyTensor tensor);
+  // The next schedule entries, in order, with every group tensor's name filled in; waits up to
+  // `wait` (may return none). Called by the executor's stage A only.
   std::vector<ScheduleEntry> Next(std::chrono::milliseconds wait);
-  // Tells the coordinator the job failed here (and fails it locally if that is impossible).
-  void Fail(const Status& error);
+  // The JobFailure observer: a failure of this node's (kLocal) goes to the coordinator.
+  void OnFailure(const Status& error, JobFailure::Source source);
   void Leave();
 
  private:
-  void SendReports(std::vector<ReadyTensorReport> batch);
+  void SendReports(std::vector<ReadyTensor> batch);
   std::vector<ScheduleEntry> Receive(std::chrono::milliseconds wait);
   // Takes plan announcements out of `entries` and checks that groups match their plan.
   std::vector<ScheduleEntry> FollowPlans(std::vector<ScheduleEntry> entries);
+  // Fills in the names of every group tensor (see "Slots" above).
+  void NameTensors(std::vector<ScheduleEntry>* entries);
   void PollLoop();
-  void InjectFatal(const Status& error);
+  // The coordinator cannot be told: fails the job here and queues a fatal entry.
+  void FailUnreported(const Status& error);
+  void PushFatal(const Status& error);
 
   CoordinatorLink* const link_;
   const int node_rank_;
   const bool direct_;
-  const BindSlotFn bind_slot_;
+  JobFailure* const failure_;
   const std::chrono::milliseconds give_up_after_;
 
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<ReadyTensorReport> outbox_;
+  std::condition_variable cv_;  // outbox_, inbox_, the slot maps or stopping_ changed
+  std::deque<ReadyTensor> outbox_;
   std::deque<ScheduleEntry> inbox_;
   uint64_t received_seq_ = 0;  // highest seq handed to inbox_ (remote) or to Next (direct)
   bool stopping_ = false;
-  bool fatal_injected_ = false;
+  // The slot maps and the reports whose answers may still add to them; guarded by mu_.
+  std::unordered_map<std::string, uint32_t> slot_by_signature_;
+  std::unordered_map<uint32_t, std::string> name_by_slot_;
+  int reports_in_flight_ = 0;  // tensors passed to Report whose report has not been answered
   std::mutex send_mu_;  // serialises reports (direct mode sends on the caller's thread)
-  std::unordered_map<std::string, uint32_t> slots_;  // signature -> slot; guarded by send_mu_
   std::optional<PlanInfo> plan_;  // the latest plan; only the executor's thread calls Next
   std::thread reporter_;
   std::thread poller_;

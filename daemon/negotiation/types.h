@@ -8,39 +8,28 @@
 #include <vector>
 
 #include "daemon/common/status.h"
+#include "daemon/common/tensor_meta.h"
 
 namespace sparsync::negotiation {
 
 using Clock = std::chrono::steady_clock;
 
-// What identifies a tensor across nodes (see TensorMeta in coordinator.proto).
-struct TensorMeta {
-  std::string name;
-  uint32_t op = 0;         // sparsync_op
-  uint32_t dtype = 0;      // sparsync_dtype
-  uint32_t reduce_op = 0;  // sparsync_reduce_op
-  int32_t root_rank = 0;
-  std::vector<int64_t> shape;
-  uint32_t compressor = 0;  // sparsync_compressor (GRADIENT only; 0: the daemon's)
-  float density = 0;        // 0: the daemon's
+// TensorMeta (common/tensor_meta.h) is what identifies a tensor across nodes.
+using sparsync::TensorMeta;
 
-  // Equal keys <=> same tensor on every node. ALLGATHER ignores the first dimension.
-  std::string SignatureKey() const;
-  // "shape [512,784], dtype float32, op allreduce" for error messages.
-  std::string Describe() const;
-  int64_t NumElements() const;
-  bool operator==(const TensorMeta&) const = default;
-};
-
-// A tensor a node reports ready, by slot.
-struct ReadyRef {
-  uint32_t slot = 0;
+// A tensor every local worker of a node has posted: what the node reports to the coordinator.
+struct ReadyTensor {
+  TensorMeta meta;
   std::vector<int64_t> worker_dim0;  // ALLGATHER: each local worker's first dimension
+  int64_t ready_ns = 0;              // steady clock when the last local worker posted it
 };
 
 struct GroupTensor {
   uint32_t slot = 0;
   std::vector<int64_t> worker_dim0;  // ALLGATHER: every worker's first dimension, rank order
+  // The tensor's name on this node. The coordinator sends slots only; the node's agent, the one
+  // owner of the slot -> name map, fills this in before the executor sees the entry.
+  std::string name;
 };
 
 // A merge plan as every node receives it (planning/planner.h): from step `effective_step` on,
@@ -65,9 +54,5 @@ struct ScheduleEntry {
   uint32_t plan_version = 0;       // the plan this group belongs to (0: none)
   uint32_t group_index = 0;        // its index in that plan
 };
-
-std::string DTypeName(uint32_t dtype);
-std::string OpName(uint32_t op);
-size_t DTypeSize(uint32_t dtype);
 
 }  // namespace sparsync::negotiation

@@ -3,7 +3,6 @@
 #include <cstring>
 
 #include "kernels/dtype.h"
-#include "proto/intake/wire.h"
 
 namespace sparsync::pipeline {
 
@@ -12,18 +11,18 @@ using kernels::FloatToBFloat16;
 using kernels::FloatToHalf;
 using kernels::HalfToFloat;
 
-transport::ElementType AccumulatorType(uint32_t dtype) {
+transport::ElementType AccumulatorType(DType dtype) {
   switch (dtype) {
-    case SPARSYNC_FLOAT64: return transport::ElementType::kFloat64;
-    case SPARSYNC_INT32: return transport::ElementType::kInt32;
-    case SPARSYNC_INT64: return transport::ElementType::kInt64;
+    case DType::kFloat64: return transport::ElementType::kFloat64;
+    case DType::kInt32: return transport::ElementType::kInt32;
+    case DType::kInt64: return transport::ElementType::kInt64;
     default: return transport::ElementType::kFloat32;
   }
 }
 
-bool AccumulatesInPlace(uint32_t dtype) {
-  return dtype == SPARSYNC_FLOAT32 || dtype == SPARSYNC_FLOAT64 || dtype == SPARSYNC_INT32 ||
-         dtype == SPARSYNC_INT64;
+bool AccumulatesInPlace(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kInt32 ||
+         dtype == DType::kInt64;
 }
 
 namespace {
@@ -53,35 +52,37 @@ T Same(T v) { return v; }
 
 }  // namespace
 
-void SumInto(void* acc, std::span<const void* const> inputs, size_t count, uint32_t dtype) {
+void SumInto(void* acc, std::span<const void* const> inputs, size_t count, DType dtype) {
   if (inputs.empty() || count == 0) return;
   switch (dtype) {
-    case SPARSYNC_FLOAT32: Sum<float, float>(static_cast<float*>(acc), inputs, count, Same<float>); break;
-    case SPARSYNC_FLOAT64: Sum<double, double>(static_cast<double*>(acc), inputs, count, Same<double>); break;
-    case SPARSYNC_INT32: Sum<int32_t, int32_t>(static_cast<int32_t*>(acc), inputs, count, Same<int32_t>); break;
-    case SPARSYNC_INT64: Sum<int64_t, int64_t>(static_cast<int64_t*>(acc), inputs, count, Same<int64_t>); break;
-    case SPARSYNC_FLOAT16: Sum<float, uint16_t>(static_cast<float*>(acc), inputs, count, HalfToFloat); break;
-    case SPARSYNC_BFLOAT16: Sum<float, uint16_t>(static_cast<float*>(acc), inputs, count, BFloat16ToFloat); break;
+    case DType::kFloat32: Sum<float, float>(static_cast<float*>(acc), inputs, count, Same<float>); break;
+    case DType::kFloat64: Sum<double, double>(static_cast<double*>(acc), inputs, count, Same<double>); break;
+    case DType::kInt32: Sum<int32_t, int32_t>(static_cast<int32_t*>(acc), inputs, count, Same<int32_t>); break;
+    case DType::kInt64: Sum<int64_t, int64_t>(static_cast<int64_t*>(acc), inputs, count, Same<int64_t>); break;
+    case DType::kFloat16: Sum<float, uint16_t>(static_cast<float*>(acc), inputs, count, HalfToFloat); break;
+    case DType::kBFloat16: Sum<float, uint16_t>(static_cast<float*>(acc), inputs, count, BFloat16ToFloat); break;
+    case DType::kUInt8: break;  // never reduced (the intake refuses it)
   }
 }
 
-void WriteBack(const void* acc, size_t count, double divisor, void* out, uint32_t dtype) {
+void WriteBack(const void* acc, size_t count, double divisor, void* out, DType dtype) {
   switch (dtype) {
-    case SPARSYNC_FLOAT32: Write(static_cast<const float*>(acc), count, divisor, static_cast<float*>(out), Same<float>); break;
-    case SPARSYNC_FLOAT64: Write(static_cast<const double*>(acc), count, divisor, static_cast<double*>(out), Same<double>); break;
-    case SPARSYNC_INT32: Write(static_cast<const int32_t*>(acc), count, 1.0, static_cast<int32_t*>(out), Same<int32_t>); break;
-    case SPARSYNC_INT64: Write(static_cast<const int64_t*>(acc), count, 1.0, static_cast<int64_t*>(out), Same<int64_t>); break;
-    case SPARSYNC_FLOAT16: Write(static_cast<const float*>(acc), count, divisor, static_cast<uint16_t*>(out), FloatToHalf); break;
-    case SPARSYNC_BFLOAT16: Write(static_cast<const float*>(acc), count, divisor, static_cast<uint16_t*>(out), FloatToBFloat16); break;
+    case DType::kFloat32: Write(static_cast<const float*>(acc), count, divisor, static_cast<float*>(out), Same<float>); break;
+    case DType::kFloat64: Write(static_cast<const double*>(acc), count, divisor, static_cast<double*>(out), Same<double>); break;
+    case DType::kInt32: Write(static_cast<const int32_t*>(acc), count, 1.0, static_cast<int32_t*>(out), Same<int32_t>); break;
+    case DType::kInt64: Write(static_cast<const int64_t*>(acc), count, 1.0, static_cast<int64_t*>(out), Same<int64_t>); break;
+    case DType::kFloat16: Write(static_cast<const float*>(acc), count, divisor, static_cast<uint16_t*>(out), FloatToHalf); break;
+    case DType::kBFloat16: Write(static_cast<const float*>(acc), count, divisor, static_cast<uint16_t*>(out), FloatToBFloat16); break;
+    case DType::kUInt8: break;  // never reduced (the intake refuses it)
   }
 }
 
-void DivideInPlace(void* data, size_t count, double divisor, uint32_t dtype) {
+void DivideInPlace(void* data, size_t count, double divisor, DType dtype) {
   if (divisor == 1.0) return;
-  if (dtype == SPARSYNC_FLOAT64) {
+  if (dtype == DType::kFloat64) {
     double* d = static_cast<double*>(data);
     for (size_t i = 0; i < count; ++i) d[i] /= divisor;
-  } else if (dtype == SPARSYNC_FLOAT32) {
+  } else if (dtype == DType::kFloat32) {
     float* f = static_cast<float*>(data);
     const float div = static_cast<float>(divisor);
     for (size_t i = 0; i < count; ++i) f[i] /= div;

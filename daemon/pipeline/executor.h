@@ -1,25 +1,25 @@
-// Executor: runs the schedule in the order every node agreed on (DESIGN.md §1.3-1.8): local reduce
-// of the workers' buffers, the collective across nodes, the write-back into every local worker's
-// buffer, and DONE.
+// Executor: runs the schedule in the order every node agreed on (docs/architecture.md, "the path
+// of one gradient"): each entry's members are resolved against the tensor table, formed into a
+// Group, and executed by the first of the node's reduce paths (reduce_path.h) that takes it.
 //
-// Two stages on two threads, so that sparsifying one merge group overlaps the transfer of the
-// previous one (ALGORITHMS.md §1, issue 4 item 4):
-//   stage A (the preparing thread) takes schedule entries, resolves their members, sums the local
-//     workers' buffers into the entry's staging buffer and, for a sparse group, adds the residual,
-//     checks for non-finite values, selects and packs (SparseReducer::Prepare). No transport call.
-//   stage B (the exchanging thread) makes every transport call, in schedule order: the dense
-//     allreduce or SparseReducer::Exchange (gTop-k's rounds and random-k's value allreduce
-//     included), allgather and broadcast; then writes back and sends DONE.
-// Entries go from A to B through a bounded hand-off. Each entry in flight owns a staging slot
-// (members, local sum, prepared sparse group), so A never overwrites what B is sending; there are
+// Two stages on two threads, so that preparing one merge group overlaps the transfer of the
+// previous one (docs/algorithms.md §3: backward and selection share the GPU while the network
+// works):
+//   stage A (the preparing thread) takes schedule entries, forms their groups, chooses the path
+//     and runs its Prepare: no transport call.
+//   stage B (the exchanging thread) runs each group's Exchange, in schedule order, then ends the
+//     members' rounds in the table and runs Deliver for those still current.
+// Entries go from A to B through a bounded hand-off. Each entry in flight owns a slot (its group
+// and every path's scratch for it), so A never overwrites what B is sending; there are
 // `depth + 1` slots, which bounds both how far A runs ahead and the memory.
 //
-// Failures (as with one thread): a fatal schedule entry aborts the transport and fails every
-// tensor at once. An error of an entry, in either stage, fails every pending tensor (sticky, via
-// TensorTable::FailAll) and is reported with `fail`; a stage-A error is handed to B in its place
-// in the schedule, so the entries before it complete first. After a failure nothing more is
-// exchanged. Stop() finishes the entry B is on and drops the rest (the daemon fails them with
-// TensorTable::Shutdown first).
+// Failures: the node's one sticky failure is its JobFailure. A fatal schedule entry (the
+// coordinator's news) fails it and aborts the transport at once, since stage B may be blocked in
+// a collective that will never finish. An error of an entry, in either stage, fails it too (the
+// worker handler then answers every pending tensor, the agent tells the coordinator); a stage-A
+// error is handed to B in its place in the schedule, so the entries before it complete first.
+// After a failure nothing more is exchanged. Stop() finishes the entry B is on and drops the rest
+// (the daemon has failed them first).
 #pragma once
 
 #include <atomic>
@@ -31,7 +31,8 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/pipeline/device_sparse.h"
+#include "daemon/common/job_failure.h"
+#include "daemon/pipeline/reduce_path.h"
 #include "daemon/pipeline/sparse_reducer.h"
 #include "daemon/pipeline/tensor_table.h"
 #include "daemon/transport/transport.h"
@@ -62,22 +63,23 @@ struct ExecutorOptions {
   std::function<void(uint64_t seq)> on_exchange;
   // Called on stage B's thread after the DONE messages of every reduced gradient group.
   std::function<void(const GroupCost&)> on_group_cost;
-  // Groups whose node sum was left on the GPU (device_sparse.h): top-k there, and the dense ones
-  // reduced in device memory when the transport takes it; null: none.
-  std::shared_ptr<DeviceSparse> device_sparse;
 };
+
+// The host's paths, in the order they are offered a group: in place, host sparse, host dense,
+// allgather, broadcast. The device paths (daemon/device/) go before them.
+std::vector<std::unique_ptr<ReducePath>> HostPaths(World world, transport::Transport* transport);
 
 class Executor {
  public:
   using NextFn = std::function<std::vector<negotiation::ScheduleEntry>(std::chrono::milliseconds)>;
-  using FailFn = std::function<void(const Status&)>;
 
-  // `sparse` (may be null: everything dense) reduces gradient groups of at least its
-  // min_compress_bytes() whose tensors ask for a compressor. `transport` is used by stage B only
-  // (and Abort() by A, for fatal entries).
+  // `sparse` (may be null: everything dense) provides the reducers of compressed gradient groups
+  // of at least its min_compress_bytes(). `paths` are offered each group in order (a reduction
+  // that no path takes is an internal error). `transport` is aborted on a fatal entry; the
+  // paths make the transport calls. Everything but `paths` outlives the executor.
   Executor(World world, TensorTable* table, transport::Transport* transport, NextFn next,
-           FailFn fail, std::chrono::milliseconds resolve_wait,
-           std::unique_ptr<SparseReducers> sparse = nullptr, ExecutorOptions options = {});
+           JobFailure* failure, SparseReducers* sparse,
+           std::vector<std::unique_ptr<ReducePath>> paths, ExecutorOptions options = {});
   ~Executor();
 
   // Starts both stages' threads. Stop() joins them; the destructor calls it.
@@ -95,17 +97,14 @@ class Executor {
   // Stage A.
   void PrepareLoop();
   void Prepare(const negotiation::ScheduleEntry& entry, Slot* slot);
-  Status PrepareReduce(Slot* slot);
+  Status FormGroup(const negotiation::ScheduleEntry& entry, Slot* slot);
+  Status ChoosePath(Slot* slot);
   // Stage B.
   void ExchangeLoop();
   void Complete(Slot* slot);
-  Status ExchangeReduce(Slot* slot);
-  Status Gather(GroupMember& member, std::vector<std::shared_ptr<intake::SharedRegion>>* results);
-  Status Broadcast(GroupMember& member);
   // Failures.
   void OnFatal(const Status& fatal);
   void OnError(const Status& error);
-  bool failed() const;
   // The hand-off.
   Slot* AcquireSlot();           // a free slot, or null once stopping
   void HandOff(Slot* slot);      // to stage B, in schedule order
@@ -116,20 +115,19 @@ class Executor {
   TensorTable* const table_;
   transport::Transport* const transport_;
   const NextFn next_;
-  const FailFn fail_;
-  const std::chrono::milliseconds resolve_wait_;
-  std::unique_ptr<SparseReducers> sparse_;  // stage A picks a reducer; stage B exchanges with it
+  JobFailure* const failure_;
+  SparseReducers* const sparse_;
+  const std::vector<std::unique_ptr<ReducePath>> paths_;
   const ExecutorOptions options_;
   uint32_t tag_ = 0;             // stage B only
   bool prepare_failed_ = false;  // stage A only: an error entry was handed off
   int64_t prepare_free_ns_ = 0;  // stage A only: when it finished its previous entry
 
   std::vector<std::unique_ptr<Slot>> slots_;  // depth + 1, plus one for Execute()
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable changed_;  // a slot was freed or handed off, or stopping
   std::vector<Slot*> free_;          // guarded by mu_
   std::deque<Slot*> ready_;          // guarded by mu_; prepared, in schedule order
-  Status failed_;                    // guarded by mu_; first failure, after FailAll
   std::atomic<bool> stopping_{false};
   std::thread prepare_thread_;
   std::thread exchange_thread_;

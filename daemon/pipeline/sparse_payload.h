@@ -47,11 +47,12 @@
 #include <span>
 #include <vector>
 
+#include "daemon/common/config.h"
 #include "daemon/common/status.h"
 
 namespace sparsync::pipeline {
 
-enum class IndexCoding : uint8_t { kRaw32 = 0, kDeltaVarint = 1 };
+// Indices: sparsync::IndexCoding (common/config.h), one enum for the setting and the payload.
 enum class ValueCoding : uint8_t { kFloat32 = 0, kFloat16 = 1, kSignScale = 2 };
 
 // The largest numel a payload can describe: indices are int32.

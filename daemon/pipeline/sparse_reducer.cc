@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "daemon/pipeline/gtopk.h"
-#include "proto/intake/wire.h"
 
 namespace sparsync::pipeline {
 namespace {
@@ -60,7 +59,8 @@ struct SizeRecord {
 
 Result<std::unique_ptr<SparseReducer>> SparseReducer::Create(const Config& config, int node_rank,
                                                              int num_nodes,
-                                                             transport::Transport* transport) {
+                                                             transport::Transport* transport,
+                                                             TensorState* state) {
   kernels::SparsifierOptions options;
   options.density = config.density;
   options.threshold = config.threshold;
@@ -77,23 +77,31 @@ Result<std::unique_ptr<SparseReducer>> SparseReducer::Create(const Config& confi
         "top-k exchange instead",
         num_nodes);
   }
-  return std::unique_ptr<SparseReducer>(
-      new SparseReducer(config, node_rank, num_nodes, transport, std::move(*sparsifier)));
+  std::unique_ptr<TensorState> own;
+  if (state == nullptr) {
+    own = std::make_unique<TensorState>();
+    state = own.get();
+  }
+  std::unique_ptr<SparseReducer> reducer(
+      new SparseReducer(config, node_rank, num_nodes, transport, std::move(*sparsifier), state));
+  reducer->own_state_ = std::move(own);
+  return reducer;
 }
 
 SparseReducer::SparseReducer(const Config& config, int node_rank, int num_nodes,
                              transport::Transport* transport,
-                             std::unique_ptr<kernels::Sparsifier> sparsifier)
+                             std::unique_ptr<kernels::Sparsifier> sparsifier,
+                             TensorState* state)
     : config_(config),
       node_rank_(node_rank),
       num_nodes_(num_nodes),
       transport_(transport),
       sparsifier_(std::move(sparsifier)),
-      index_coding_(config.index_coding == sparsync::IndexCoding::kRaw ? IndexCoding::kRaw32
-                                                                       : IndexCoding::kDeltaVarint),
+      index_coding_(config.index_coding),
       value_coding_(config.compressor == Compressor::kWangni     ? ValueCoding::kSignScale
                     : config.value_dtype == ValueDType::kFloat16 ? ValueCoding::kFloat16
-                                                                 : ValueCoding::kFloat32) {}
+                                                                 : ValueCoding::kFloat32),
+      state_(state) {}
 
 bool SparseReducer::UsesGlobalTopK() const {
   return config_.compressor == Compressor::kGTopK && GlobalTopKSupports(num_nodes_);
@@ -158,17 +166,14 @@ Status SparseReducer::Prepare(std::span<const GroupSlice> slices, std::span<cons
   prepared->delivered.clear();
   prepared->payload_bytes = 0;
   if (!prepared->finite) return Status::Ok();  // nothing is sent; see Exchange()
-  {
-    std::lock_guard lock(state_mu_);
-    if (config_.ErrorFeedback()) {
-      state_.AddTo(TensorState::Kind::kResidual, slices, prepared->work);
-    }
-    if (config_.compressor == Compressor::kDgc) {
-      prepared->dgc.momentum.resize(n);
-      prepared->dgc.accumulation.resize(n);
-      state_.Load(TensorState::Kind::kMomentum, slices, prepared->dgc.momentum);
-      state_.Load(TensorState::Kind::kAccumulation, slices, prepared->dgc.accumulation);
-    }
+  if (config_.ErrorFeedback()) {
+    SPARSYNC_RETURN_IF_ERROR(state_->AddTo(TensorState::Kind::kResidual, slices, prepared->work));
+  }
+  if (config_.compressor == Compressor::kDgc) {
+    prepared->dgc.momentum.resize(n);
+    prepared->dgc.accumulation.resize(n);
+    state_->Load(TensorState::Kind::kMomentum, slices, prepared->dgc.momentum);
+    state_->Load(TensorState::Kind::kAccumulation, slices, prepared->dgc.accumulation);
   }
   SPARSYNC_RETURN_IF_ERROR(Select(step, group_id, prepared));
   if (UsesAllGather()) {
@@ -199,8 +204,7 @@ Status SparseReducer::Exchange(std::span<const GroupSlice> slices, PreparedGroup
     // keeps everything it would have sent in its residual, so nothing is lost.
     std::fill(group.begin(), group.end(), 0.0f);
     if (prepared.finite && error_feedback) {
-      std::lock_guard lock(state_mu_);
-      state_.Store(TensorState::Kind::kResidual, slices, prepared.work);
+      state_->Store(TensorState::Kind::kResidual, slices, prepared.work);
     }
     if (!prepared.finite) WarnSkipped(prepared);
     return Status::Ok();
@@ -212,13 +216,10 @@ Status SparseReducer::Exchange(std::span<const GroupSlice> slices, PreparedGroup
       work[prepared.indices[j]] -= (*delivered)[j];
     }
   }
-  {
-    std::lock_guard lock(state_mu_);
-    if (error_feedback) state_.Store(TensorState::Kind::kResidual, slices, prepared.work);
-    if (config_.compressor == Compressor::kDgc) {
-      state_.Store(TensorState::Kind::kMomentum, slices, prepared.dgc.momentum);
-      state_.Store(TensorState::Kind::kAccumulation, slices, prepared.dgc.accumulation);
-    }
+  if (error_feedback) state_->Store(TensorState::Kind::kResidual, slices, prepared.work);
+  if (config_.compressor == Compressor::kDgc) {
+    state_->Store(TensorState::Kind::kMomentum, slices, prepared.dgc.momentum);
+    state_->Store(TensorState::Kind::kAccumulation, slices, prepared.dgc.accumulation);
   }
   if (divisor != 1.0) {
     const float d = static_cast<float>(divisor);
@@ -335,24 +336,6 @@ Status SparseReducer::ExchangeSelected(PreparedGroup& prepared, int64_t n, uint3
   return Status::Ok();
 }
 
-std::vector<float> SparseReducer::TakeResidual(const std::string& name) {
-  std::lock_guard lock(state_mu_);
-  return state_.Take(TensorState::Kind::kResidual, name);
-}
-
-void SparseReducer::Forget(const std::string& name) {
-  std::lock_guard lock(state_mu_);
-  state_.Forget(name);
-}
-
-void SparseReducer::AddResidual(const std::string& name, std::span<const float> residual) {
-  GroupSlice slice{&name, 0, residual.size()};
-  std::vector<float> sum(residual.begin(), residual.end());
-  std::lock_guard lock(state_mu_);
-  state_.AddTo(TensorState::Kind::kResidual, std::span<const GroupSlice>(&slice, 1), sum);
-  state_.Store(TensorState::Kind::kResidual, std::span<const GroupSlice>(&slice, 1), sum);
-}
-
 Status SparseReducer::ExchangeGlobalTopK(std::span<float> group, PreparedGroup& prepared,
                                          uint32_t* tag, bool* skip, std::vector<float>* delivered) {
   // Agree on the non-finite flag first: gTop-k's rounds carry no flags.
@@ -409,34 +392,20 @@ SparseReducers::SparseReducers(Config base, int node_rank, int num_nodes,
                                transport::Transport* transport)
     : base_(std::move(base)), node_rank_(node_rank), num_nodes_(num_nodes), transport_(transport) {}
 
-Result<Config> TensorConfig(const Config& base, uint32_t wire_compressor, float density) {
-  static constexpr Compressor kByWire[] = {Compressor::kNone /* DEFAULT, replaced below */,
-                                           Compressor::kNone,
-                                           Compressor::kTopK,
-                                           Compressor::kRandomK,
-                                           Compressor::kThreshold,
-                                           Compressor::kGaussianK,
-                                           Compressor::kWangni,
-                                           Compressor::kDgc,
-                                           Compressor::kGTopK};
-  if (wire_compressor >= SPARSYNC_COMPRESSOR_COUNT) return Internal("unknown compressor");
+Config TensorConfig(const Config& base, std::optional<Compressor> compressor, float density) {
   Config config = base;
-  if (wire_compressor != SPARSYNC_COMPRESSOR_DEFAULT) config.compressor = kByWire[wire_compressor];
+  if (compressor) config.compressor = *compressor;
   if (density > 0) config.density = density;
   return config;
 }
 
-void SparseReducers::Forget(const std::string& name) {
-  for (auto& [key, reducer] : reducers_) reducer->Forget(name);
-}
-
-Result<SparseReducer*> SparseReducers::For(uint32_t wire_compressor, float density) {
-  SPARSYNC_ASSIGN_OR_RETURN(Config config, TensorConfig(base_, wire_compressor, density));
+Result<SparseReducer*> SparseReducers::For(std::optional<Compressor> compressor, float density) {
+  const Config config = TensorConfig(base_, compressor, density);
   if (config.compressor == Compressor::kNone) return static_cast<SparseReducer*>(nullptr);
   auto key = std::make_pair(config.compressor, config.density);
   auto it = reducers_.find(key);
   if (it == reducers_.end()) {
-    auto created = SparseReducer::Create(config, node_rank_, num_nodes_, transport_);
+    auto created = SparseReducer::Create(config, node_rank_, num_nodes_, transport_, &state_);
     if (!created.ok()) return created.status();
     it = reducers_.emplace(key, std::move(*created)).first;
   }

@@ -1,4 +1,4 @@
-// SparseReducer: the sparse exchange of one merge group (DESIGN.md §1.6-1.7, ALGORITHMS.md §1-3).
+// SparseReducer: the sparse exchange of one merge group (docs/algorithms.md §6-7).
 // Per group: add the residual (error feedback), check for non-finite values, select with the
 // configured kernels/ sparsifier, pack (sparse_payload.h), exchange every node's payload with an
 // allgatherv (sizes first: k differs between nodes), decode and add them in node order, average.
@@ -11,15 +11,18 @@
 // does everything local (residual, non-finite check, selection, packing) into a PreparedGroup the
 // caller owns, Exchange() makes every transport call and finishes the group. Reduce() does both.
 //
+// What is kept per tensor between steps (residuals, DGC's state) is in the node's TensorState,
+// shared with the device paths.
+//
 // Threads: at most one thread calls Prepare() and at most one (possibly another) calls Exchange()
-// and Reduce(); they may run at the same time on different PreparedGroups of disjoint tensors. The
-// per-tensor state is locked; everything else is touched by one of the two sides only.
+// and Reduce(); they may run at the same time on different PreparedGroups of disjoint tensors.
+// The TensorState is thread-safe; everything else is touched by one of the two sides only.
 #pragma once
 
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -50,10 +53,11 @@ struct PreparedGroup {
 
 class SparseReducer {
  public:
-  // REQUIRES: config.compressor != kNone.
+  // REQUIRES: config.compressor != kNone. `state` (null: one of its own) outlives the reducer.
   static Result<std::unique_ptr<SparseReducer>> Create(const Config& config, int node_rank,
                                                        int num_nodes,
-                                                       transport::Transport* transport);
+                                                       transport::Transport* transport,
+                                                       TensorState* state = nullptr);
 
   // Stage A, no transport call. `group` holds this node's local sum of the group's tensors
   // (slices give each tensor's part). `step` and `group_id` are the same on every node (they seed
@@ -71,8 +75,8 @@ class SparseReducer {
   Status Reduce(std::span<const GroupSlice> slices, std::span<float> group, uint64_t step,
                 uint32_t group_id, double divisor, uint32_t* tag);
 
-  // The device path (device_sparse.h) selects on the GPU and uses this reducer for the rest:
-  // whether this one's groups may go there (SelectsOnDevice(config) below).
+  // The device top-k path (device/device_topk_path.h) selects on the GPU and uses this reducer
+  // for the rest: whether this one's groups may go there (SelectsOnDevice(config) below).
   bool SelectsOnDevice() const;
   // Whether the payload carries float16 values (SPARSYNC_VALUE_DTYPE=float16).
   bool SendsFloat16() const { return value_coding_ == ValueCoding::kFloat16; }
@@ -88,22 +92,15 @@ class SparseReducer {
   // node's group was not finite). Touches no residual.
   Status ExchangeSelected(PreparedGroup& prepared, int64_t n, uint32_t* tag, bool* skip,
                           std::vector<DecodedSparse>* payloads);
-  // A tensor's host residual, removed (empty if none), and one added to it: for tensors that
-  // move between the host and the device path, so that no residual is lost or counted twice.
-  std::vector<float> TakeResidual(const std::string& name);
-  void AddResidual(const std::string& name, std::span<const float> residual);
-  // Drops everything kept for `name` (residual, DGC's momentum and accumulation): the tensor is
-  // gone, and a later one of that name starts afresh. REQUIRES: no group of it in flight.
-  void Forget(const std::string& name);
 
   // For tests and the conservation checks; call only while no Exchange() runs.
-  const TensorState& state() const { return state_; }
+  const TensorState& state() const { return *state_; }
   // Bytes this node sent in payloads so far (for the benchmarks and logs).
   uint64_t payload_bytes_sent() const { return payload_bytes_sent_; }
 
  private:
   SparseReducer(const Config& config, int node_rank, int num_nodes, transport::Transport* transport,
-                std::unique_ptr<kernels::Sparsifier> sparsifier);
+                std::unique_ptr<kernels::Sparsifier> sparsifier, TensorState* state);
   Status Select(uint64_t step, uint32_t group_id, PreparedGroup* prepared);
   // Encodes the selection; `with_delivered`: also what the peers decode of it (error feedback).
   Status Pack(int64_t n, bool with_delivered, PreparedGroup* prepared);
@@ -132,42 +129,45 @@ class SparseReducer {
   int64_t prepared_ = -1;  // the sparsifier's prepared capacity
   PreparedGroup scratch_;  // Reduce()'s
   // Both stages: residuals are read when a group is prepared and written when it is exchanged.
-  // A tensor is in at most one group in flight (its next round cannot be scheduled before this
-  // one is done), so the lock only protects the map, never orders the stages.
-  std::mutex state_mu_;
-  TensorState state_;
+  std::unique_ptr<TensorState> own_state_;  // when Create got none
+  TensorState* const state_;
   // Stage B only.
   std::vector<uint8_t> gathered_;  // every node's payload
   std::atomic<uint64_t> payload_bytes_sent_{0};
 };
 
-// The sparse reducers of a node, one per (compressor, density) in use, created on first use from
-// the daemon's configuration: a gradient tensor may choose its own compressor at registration.
-// For() is called by the preparing side only (one thread).
-// Whether groups under `config` may be selected on the GPU (DeviceSparse): top-k with error
+// Whether groups under `config` may be selected on the GPU (DeviceTopKPath): top-k with error
 // feedback, with float32 values or float16 ones (whose rounding the device puts back into the
 // residual), so the residual the device keeps needs no correction from the host.
 bool SelectsOnDevice(const Config& config);
 
-// The configuration of a tensor registered with `wire_compressor` and `density` (0: the
-// configured one): `base` with the tensor's own choices applied.
-Result<Config> TensorConfig(const Config& base, uint32_t wire_compressor, float density);
+// The configuration of a tensor registered with `compressor` (nullopt: the configured one) and
+// `density` (0: the configured one): `base` with the tensor's own choices applied.
+Config TensorConfig(const Config& base, std::optional<Compressor> compressor, float density);
 
+// The sparse reducers of a node, one per (compressor, density) in use, created on first use from
+// the daemon's configuration: a gradient tensor may choose its own compressor at registration.
+// For() is called by the preparing side only (one thread).
 class SparseReducers {
  public:
   SparseReducers(Config base, int node_rank, int num_nodes, transport::Transport* transport);
-  // The reducer for a tensor registered with `wire_compressor` (sparsync_compressor) and
+  // The reducer for a tensor registered with `compressor` (nullopt: the configured one) and
   // `density` (0: the configured one); null when that resolves to no compression.
-  Result<SparseReducer*> For(uint32_t wire_compressor, float density);
+  Result<SparseReducer*> For(std::optional<Compressor> compressor, float density);
   uint64_t min_compress_bytes() const { return base_.min_compress_bytes; }
-  // SparseReducer::Forget on every reducer.
-  void Forget(const std::string& name);
+  // The node's per-tensor state, shared by every reducer and the device paths.
+  TensorState& state() { return state_; }
+  // Drops everything kept for `name` (residual, DGC's momentum and accumulation, on the host or a
+  // device): the tensor is gone, and a later one of that name starts afresh. REQUIRES: no group
+  // of it in flight.
+  void Forget(const std::string& name) { state_.Forget(name); }
 
  private:
   const Config base_;
   const int node_rank_;
   const int num_nodes_;
   transport::Transport* const transport_;
+  TensorState state_;
   std::map<std::pair<Compressor, double>, std::unique_ptr<SparseReducer>> reducers_;
 };
 

@@ -11,7 +11,32 @@ std::vector<float>& TensorState::Slot(Kind kind, const std::string& name, size_t
   return v;
 }
 
-void TensorState::AddTo(Kind kind, std::span<const GroupSlice> slices, std::span<float> group) {
+Status TensorState::AddTo(Kind kind, std::span<const GroupSlice> slices, std::span<float> group) {
+  std::vector<std::pair<const GroupSlice*, std::unique_ptr<DeviceResidual>>> arriving;
+  {
+    std::lock_guard lock(mu_);
+    if (kind == Kind::kResidual) {
+      for (const GroupSlice& s : slices) {
+        auto it = device_.find(*s.name);
+        if (it == device_.end()) continue;
+        arriving.emplace_back(&s, std::move(it->second));
+        device_.erase(it);
+      }
+    }
+  }
+  // Residuals on a device come to the host, copied outside the lock.
+  for (auto& [s, residual] : arriving) {
+    std::vector<float> host(s->count, 0.0f);
+    if (residual->count() == s->count) SPARSYNC_RETURN_IF_ERROR(residual->AddToHost(host));
+    std::lock_guard lock(mu_);
+    std::vector<float>& v = state_[static_cast<int>(Kind::kResidual)][*s->name];
+    if (v.size() == s->count) {
+      for (size_t i = 0; i < s->count; ++i) v[i] += host[i];
+    } else {
+      v = std::move(host);
+    }
+  }
+  std::lock_guard lock(mu_);
   const auto& map = state_[static_cast<int>(kind)];
   for (const GroupSlice& s : slices) {
     auto it = map.find(*s.name);
@@ -20,10 +45,12 @@ void TensorState::AddTo(Kind kind, std::span<const GroupSlice> slices, std::span
     float* dst = group.data() + s.offset;
     for (size_t i = 0; i < s.count; ++i) dst[i] += src[i];
   }
+  return Status::Ok();
 }
 
 void TensorState::Store(Kind kind, std::span<const GroupSlice> slices,
                         std::span<const float> group) {
+  std::lock_guard lock(mu_);
   for (const GroupSlice& s : slices) {
     std::vector<float>& v = Slot(kind, *s.name, s.count);
     std::memcpy(v.data(), group.data() + s.offset, s.count * sizeof(float));
@@ -31,6 +58,7 @@ void TensorState::Store(Kind kind, std::span<const GroupSlice> slices,
 }
 
 void TensorState::Load(Kind kind, std::span<const GroupSlice> slices, std::span<float> group) {
+  std::lock_guard lock(mu_);
   for (const GroupSlice& s : slices) {
     std::vector<float>& v = Slot(kind, *s.name, s.count);
     std::memcpy(group.data() + s.offset, v.data(), s.count * sizeof(float));
@@ -38,6 +66,7 @@ void TensorState::Load(Kind kind, std::span<const GroupSlice> slices, std::span<
 }
 
 std::vector<float> TensorState::Take(Kind kind, const std::string& name) {
+  std::lock_guard lock(mu_);
   auto& map = state_[static_cast<int>(kind)];
   auto it = map.find(name);
   if (it == map.end()) return {};
@@ -46,11 +75,39 @@ std::vector<float> TensorState::Take(Kind kind, const std::string& name) {
   return v;
 }
 
+DeviceResidual* TensorState::Device(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto it = device_.find(name);
+  return it == device_.end() ? nullptr : it->second.get();
+}
+
+std::unique_ptr<DeviceResidual> TensorState::TakeDevice(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto it = device_.find(name);
+  if (it == device_.end()) return nullptr;
+  std::unique_ptr<DeviceResidual> r = std::move(it->second);
+  device_.erase(it);
+  return r;
+}
+
+void TensorState::PutDevice(const std::string& name, std::unique_ptr<DeviceResidual> residual) {
+  std::lock_guard lock(mu_);
+  device_[name] = std::move(residual);
+}
+
 void TensorState::Forget(const std::string& name) {
+  std::unique_ptr<DeviceResidual> freed;  // after the lock is released
+  std::lock_guard lock(mu_);
   for (auto& map : state_) map.erase(name);
+  auto it = device_.find(name);
+  if (it != device_.end()) {
+    freed = std::move(it->second);
+    device_.erase(it);
+  }
 }
 
 std::span<const float> TensorState::Get(Kind kind, const std::string& name) const {
+  std::lock_guard lock(mu_);
   const auto& map = state_[static_cast<int>(kind)];
   auto it = map.find(name);
   if (it == map.end()) return {};
@@ -58,10 +115,18 @@ std::span<const float> TensorState::Get(Kind kind, const std::string& name) cons
 }
 
 size_t TensorState::bytes() const {
+  std::lock_guard lock(mu_);
   size_t total = 0;
   for (const auto& map : state_) {
     for (const auto& [name, v] : map) total += v.size() * sizeof(float);
   }
+  return total;
+}
+
+size_t TensorState::device_bytes() const {
+  std::lock_guard lock(mu_);
+  size_t total = 0;
+  for (const auto& [name, r] : device_) total += r->count() * sizeof(float);
   return total;
 }
 

@@ -113,10 +113,10 @@ class Client {
   sparsync_status Register(const sparsync_tensor_spec* spec, uint32_t* id, void** data,
                            uint64_t* bytes, const CudaTarget* cuda = nullptr);
   // `stream` null: a host tensor; else (CUDA tensors) the stream to record the ready event on.
-  sparsync_status PostReady(uint32_t id, const intake::CudaStream* stream = nullptr);
+  sparsync_status PostReady(uint32_t id, const device::CudaStream* stream = nullptr);
   // `stream` null: a host tensor; else (CUDA tensors) the stream made to wait on the done event.
   sparsync_status WaitDone(uint32_t id, double timeout_s,
-                           const intake::CudaStream* stream = nullptr);
+                           const device::CudaStream* stream = nullptr);
   sparsync_status AllgatherResult(uint32_t id, const void** data, uint64_t* bytes, int64_t* dim0);
   sparsync_status Unregister(uint32_t id);
   void Goodbye();
@@ -162,7 +162,7 @@ class Client {
   std::unordered_map<uint32_t, TensorState> tensors_;
   std::unordered_map<uint32_t, PendingRegister> pending_;
   std::unordered_set<uint32_t> retired_;  // unregistered with a round possibly in flight
-  std::shared_ptr<const intake::CudaRuntime> cuda_;  // loaded at the first CUDA registration
+  std::shared_ptr<const device::CudaRuntime> cuda_;  // loaded at the first CUDA registration
 };
 
 sparsync_status Client::CheckMemory(const TensorState& t, bool cuda_call, const char* what) {
@@ -453,7 +453,7 @@ sparsync_status Client::Register(const sparsync_tensor_spec* spec, uint32_t* id,
     std::string error;
     if (!cuda_) {
       const char* path = getenv("SPARSYNC_CUDART");
-      cuda_ = intake::LoadCudaRuntime(path ? path : "", &error);
+      cuda_ = device::LoadCudaRuntime(path ? path : "", &error);
       if (!cuda_) {
         return Fail(SPARSYNC_ERR_UNAVAILABLE, "tensor '" + name + "' is on CUDA device " +
                                                   std::to_string(cuda->device) +
@@ -515,7 +515,7 @@ sparsync_status Client::Register(const sparsync_tensor_spec* spec, uint32_t* id,
   return SPARSYNC_OK;
 }
 
-sparsync_status Client::PostReady(uint32_t id, const intake::CudaStream* stream) {
+sparsync_status Client::PostReady(uint32_t id, const device::CudaStream* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_) return Broken();
   auto it = tensors_.find(id);
@@ -544,7 +544,7 @@ sparsync_status Client::PostReady(uint32_t id, const intake::CudaStream* stream)
   return SPARSYNC_OK;
 }
 
-sparsync_status Client::WaitDone(uint32_t id, double timeout_s, const intake::CudaStream* stream) {
+sparsync_status Client::WaitDone(uint32_t id, double timeout_s, const device::CudaStream* stream) {
   Lock lock(mu_);
   auto it = tensors_.find(id);
   if (it == tensors_.end()) {

@@ -7,19 +7,19 @@ namespace sparsync::client {
 template <typename F>
 bool CudaBuffer::OnDevice(const char* what, std::string* error, F&& call) {
   int previous = 0;
-  intake::CudaError e = rt_->GetDevice(&previous);
-  if (e == intake::kCudaSuccess) e = rt_->SetDevice(device_);
-  if (e == intake::kCudaSuccess) {
+  device::CudaError e = rt_->GetDevice(&previous);
+  if (e == device::kCudaSuccess) e = rt_->SetDevice(device_);
+  if (e == device::kCudaSuccess) {
     e = call();
-    intake::CudaError restored = rt_->SetDevice(previous);
-    if (e == intake::kCudaSuccess) e = restored;
+    device::CudaError restored = rt_->SetDevice(previous);
+    if (e == device::kCudaSuccess) e = restored;
   }
-  if (e == intake::kCudaSuccess) return true;
+  if (e == device::kCudaSuccess) return true;
   *error = rt_->Describe(e, std::string(what) + " on CUDA device " + std::to_string(device_));
   return false;
 }
 
-std::unique_ptr<CudaBuffer> CudaBuffer::Export(std::shared_ptr<const intake::CudaRuntime> rt,
+std::unique_ptr<CudaBuffer> CudaBuffer::Export(std::shared_ptr<const device::CudaRuntime> rt,
                                                int device, void* data, uint64_t bytes,
                                                sparsync_register_msg* msg, std::string* error) {
   if (rt->MemGetAddressRange == nullptr) {
@@ -27,14 +27,14 @@ std::unique_ptr<CudaBuffer> CudaBuffer::Export(std::shared_ptr<const intake::Cud
     return nullptr;
   }
   std::unique_ptr<CudaBuffer> b(new CudaBuffer(std::move(rt), device));
-  const intake::CudaRuntime& r = *b->rt_;
+  const device::CudaRuntime& r = *b->rt_;
   unsigned long long base = 0;
   size_t size = 0;
-  intake::CudaIpcHandle memory{};
-  intake::CudaIpcHandle ready{};
+  device::CudaIpcHandle memory{};
+  device::CudaIpcHandle ready{};
   bool ok = b->OnDevice("locating the buffer's allocation", error, [&] {
     int e = r.MemGetAddressRange(&base, &size, reinterpret_cast<uintptr_t>(data));
-    return e == 0 ? intake::kCudaSuccess : 1;  // cudaErrorInvalidValue: not device memory
+    return e == 0 ? device::kCudaSuccess : 1;  // cudaErrorInvalidValue: not device memory
   });
   if (!ok) {
     *error += ": the pointer is not CUDA device memory";
@@ -50,7 +50,7 @@ std::unique_ptr<CudaBuffer> CudaBuffer::Export(std::shared_ptr<const intake::Cud
     return r.IpcGetMemHandle(&memory, reinterpret_cast<void*>(base));
   }) && b->OnDevice("creating the ready event", error, [&] {
     return r.EventCreateWithFlags(&b->ready_,
-                                  intake::kCudaEventInterprocess | intake::kCudaEventDisableTiming);
+                                  device::kCudaEventInterprocess | device::kCudaEventDisableTiming);
   }) && b->OnDevice("cudaIpcGetEventHandle", error, [&] {
     return r.IpcGetEventHandle(&ready, b->ready_);
   });
@@ -74,18 +74,18 @@ CudaBuffer::~CudaBuffer() {
 
 bool CudaBuffer::OpenDone(const uint8_t (&handle)[SPARSYNC_CUDA_IPC_HANDLE_BYTES],
                           std::string* error) {
-  intake::CudaIpcHandle h;
+  device::CudaIpcHandle h;
   memcpy(&h, handle, sizeof(h));
   return OnDevice("opening the daemon's done event", error,
                   [&] { return rt_->IpcOpenEventHandle(&done_, h); });
 }
 
-bool CudaBuffer::RecordReady(intake::CudaStream stream, std::string* error) {
+bool CudaBuffer::RecordReady(device::CudaStream stream, std::string* error) {
   return OnDevice("recording the ready event", error,
                   [&] { return rt_->EventRecord(ready_, stream); });
 }
 
-bool CudaBuffer::StreamWaitDone(intake::CudaStream stream, std::string* error) {
+bool CudaBuffer::StreamWaitDone(device::CudaStream stream, std::string* error) {
   return OnDevice("waiting for the done event", error,
                   [&] { return rt_->StreamWaitEvent(stream, done_, 0); });
 }

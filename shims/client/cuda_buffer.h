@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "proto/intake/cuda_runtime.h"
+#include "daemon/device/cuda_runtime.h"
 #include "proto/intake/wire.h"
 
 namespace sparsync::client {
@@ -20,7 +20,7 @@ class CudaBuffer {
  public:
   // Exports `bytes` bytes at `data` on `device` into the CUDA fields of `msg` (memory, device,
   // offset, handles). On failure returns null and sets *error.
-  static std::unique_ptr<CudaBuffer> Export(std::shared_ptr<const intake::CudaRuntime> rt,
+  static std::unique_ptr<CudaBuffer> Export(std::shared_ptr<const device::CudaRuntime> rt,
                                             int device, void* data, uint64_t bytes,
                                             sparsync_register_msg* msg, std::string* error);
   ~CudaBuffer();
@@ -30,21 +30,21 @@ class CudaBuffer {
   // Opens the daemon's done event from REGISTER_REPLY. False (and *error) on failure.
   bool OpenDone(const uint8_t (&handle)[SPARSYNC_CUDA_IPC_HANDLE_BYTES], std::string* error);
   // Records the ready event on `stream` (after the work that wrote the buffer).
-  bool RecordReady(intake::CudaStream stream, std::string* error);
+  bool RecordReady(device::CudaStream stream, std::string* error);
   // Makes `stream` wait for the done event (before anything reads the buffer).
-  bool StreamWaitDone(intake::CudaStream stream, std::string* error);
+  bool StreamWaitDone(device::CudaStream stream, std::string* error);
 
  private:
-  CudaBuffer(std::shared_ptr<const intake::CudaRuntime> rt, int device)
+  CudaBuffer(std::shared_ptr<const device::CudaRuntime> rt, int device)
       : rt_(std::move(rt)), device_(device) {}
   // Runs `call` with device_ current; false with *error naming `what` on a CUDA error.
   template <typename F>
   bool OnDevice(const char* what, std::string* error, F&& call);
 
-  std::shared_ptr<const intake::CudaRuntime> rt_;
+  std::shared_ptr<const device::CudaRuntime> rt_;
   const int device_;
-  intake::CudaEvent ready_ = nullptr;
-  intake::CudaEvent done_ = nullptr;
+  device::CudaEvent ready_ = nullptr;
+  device::CudaEvent done_ = nullptr;
 };
 
 }  // namespace sparsync::client

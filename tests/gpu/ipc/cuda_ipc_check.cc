@@ -29,9 +29,9 @@
 #include <string>
 #include <vector>
 
-#include "daemon/intake/cuda_staging.h"
+#include "daemon/device/cuda_tensor.h"
 #include "daemon/intake/shared_region.h"
-#include "proto/intake/cuda_runtime.h"
+#include "daemon/device/cuda_runtime.h"
 #include "proto/intake/wire.h"
 #include "shims/client/cuda_buffer.h"
 
@@ -55,7 +55,7 @@ struct WorkerCalls {
   int (*GetDeviceCount)(int*);
 };
 
-bool Bind(const intake::CudaRuntime& rt, WorkerCalls* calls, std::string* error) {
+bool Bind(const device::CudaRuntime& rt, WorkerCalls* calls, std::string* error) {
   void* lib = dlopen(rt.library.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   if (lib == nullptr) {
     *error = "cannot reopen " + rt.library;
@@ -95,22 +95,22 @@ int Fail(const char* side, const std::string& why) {
 
 int Worker(const Options& o, int fd) {
   std::string error;
-  auto rt = intake::LoadCudaRuntime(o.cudart, &error);
+  auto rt = device::LoadCudaRuntime(o.cudart, &error);
   WorkerCalls calls{};
   if (!rt || !Bind(*rt, &calls, &error)) return Fail("worker", error);
   int devices = 0;
-  if (calls.GetDeviceCount(&devices) != intake::kCudaSuccess || devices <= o.device) {
+  if (calls.GetDeviceCount(&devices) != device::kCudaSuccess || devices <= o.device) {
     std::printf("NO GPU: CUDA device %d is not there (%d devices)\n", o.device, devices);
     return 3;
   }
   const size_t bytes = o.elements * sizeof(float);
   const size_t alloc_bytes = bytes + 2 * kOffset;
-  if (rt->SetDevice(o.device) != intake::kCudaSuccess) return Fail("worker", "cudaSetDevice");
+  if (rt->SetDevice(o.device) != device::kCudaSuccess) return Fail("worker", "cudaSetDevice");
   void* alloc = nullptr;
-  if (calls.Malloc(&alloc, alloc_bytes) != intake::kCudaSuccess) return Fail("worker", "cudaMalloc");
+  if (calls.Malloc(&alloc, alloc_bytes) != device::kCudaSuccess) return Fail("worker", "cudaMalloc");
   char* data = static_cast<char*>(alloc) + kOffset;
-  intake::CudaStream stream = nullptr;
-  if (rt->StreamCreateWithFlags(&stream, intake::kCudaStreamNonBlocking) != intake::kCudaSuccess) {
+  device::CudaStream stream = nullptr;
+  if (rt->StreamCreateWithFlags(&stream, device::kCudaStreamNonBlocking) != device::kCudaSuccess) {
     return Fail("worker", "cudaStreamCreateWithFlags");
   }
   std::vector<unsigned char> whole(alloc_bytes, kGuard);
@@ -126,8 +126,8 @@ int Worker(const Options& o, int fd) {
   for (int r = 1; r <= o.rounds; ++r) {
     float* values = reinterpret_cast<float*>(whole.data() + kOffset);
     for (size_t i = 0; i < o.elements; ++i) values[i] = Value(i, r);
-    if (rt->MemcpyAsync(alloc, whole.data(), alloc_bytes, intake::kCudaMemcpyHostToDevice,
-                        stream) != intake::kCudaSuccess) {
+    if (rt->MemcpyAsync(alloc, whole.data(), alloc_bytes, device::kCudaMemcpyHostToDevice,
+                        stream) != device::kCudaSuccess) {
       return Fail("worker", "writing the buffer");
     }
     if (!buffer->RecordReady(stream, &error)) return Fail("worker", error);
@@ -137,9 +137,9 @@ int Worker(const Options& o, int fd) {
     if (!reply.ok) return Fail("worker", "the daemon failed round " + std::to_string(r));
     if (!buffer->StreamWaitDone(stream, &error)) return Fail("worker", error);
     std::vector<unsigned char> back(alloc_bytes);
-    if (rt->MemcpyAsync(back.data(), alloc, alloc_bytes, intake::kCudaMemcpyDeviceToHost,
-                        stream) != intake::kCudaSuccess ||
-        rt->StreamSynchronize(stream) != intake::kCudaSuccess) {
+    if (rt->MemcpyAsync(back.data(), alloc, alloc_bytes, device::kCudaMemcpyDeviceToHost,
+                        stream) != device::kCudaSuccess ||
+        rt->StreamSynchronize(stream) != device::kCudaSuccess) {
       return Fail("worker", "reading the buffer back");
     }
     const float* result = reinterpret_cast<const float*>(back.data() + kOffset);
@@ -172,7 +172,7 @@ int Daemon(const Options& o, int fd) {
   const size_t bytes = o.elements * sizeof(float);
   auto region = intake::SharedRegion::Create("check", bytes);
   if (!region.ok()) return Fail("daemon", region.status().message());
-  intake::CudaStaging staging(o.cudart);
+  device::CudaStaging staging(o.cudart);
   uint8_t done[SPARSYNC_CUDA_IPC_HANDLE_BYTES];
   auto tensor = staging.Attach(msg, *region, bytes, done);
   if (!tensor.ok()) return Fail("daemon", tensor.status().message());

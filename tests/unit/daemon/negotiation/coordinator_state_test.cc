@@ -11,10 +11,10 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 TensorMeta Grad(const std::string& name, std::vector<int64_t> shape,
-                uint32_t dtype = SPARSYNC_FLOAT32) {
+                DType dtype = DType::kFloat32) {
   TensorMeta m;
   m.name = name;
-  m.op = SPARSYNC_OP_GRADIENT;
+  m.op = CollectiveOp::kGradient;
   m.dtype = dtype;
   m.shape = std::move(shape);
   return m;
@@ -104,14 +104,14 @@ TEST_F(CoordinatorStateTest, GradientsWithinACycleAreFusedExplicitOpsAreNot) {
   EXPECT_EQ(entries[1].group.size(), 1u);
   // An explicit allreduce is scheduled at once.
   TensorMeta ar = Grad("x", {3});
-  ar.op = SPARSYNC_OP_ALLREDUCE;
+  ar.op = CollectiveOp::kAllReduce;
   ASSERT_TRUE(s.Report(0, {ar}, {New(0)}, t0 + milliseconds(7)).ok());
   EXPECT_EQ(s.EntriesAfter(0).size(), 3u);
 }
 
 TEST_F(CoordinatorStateTest, DtypesAreNeverFusedTogether) {
   CoordinatorState s = Make(1, 1 << 20, milliseconds(5));
-  ASSERT_TRUE(s.Report(0, {Grad("a", {10}), Grad("b", {10}, SPARSYNC_FLOAT64), Grad("c", {10})},
+  ASSERT_TRUE(s.Report(0, {Grad("a", {10}), Grad("b", {10}, DType::kFloat64), Grad("c", {10})},
                        {New(0), New(1), New(2)}, t0)
                   .ok());
   s.Tick(t0 + milliseconds(5));
@@ -142,7 +142,7 @@ TEST_F(CoordinatorStateTest, ShapeMismatchFailsEveryNodeNamingTensorValuesAndNod
 TEST_F(CoordinatorStateTest, DtypeMismatchIsNamedToo) {
   CoordinatorState s = Make(2);
   ASSERT_TRUE(s.Report(0, {Grad("b", {3})}, {New(0)}, t0).ok());
-  ASSERT_TRUE(s.Report(1, {Grad("b", {3}, SPARSYNC_FLOAT16)}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.Report(1, {Grad("b", {3}, DType::kFloat16)}, {New(0)}, t0).ok());
   ASSERT_TRUE(s.failed());
   EXPECT_NE(s.fatal().message().find("float16"), std::string::npos);
 }
@@ -150,7 +150,7 @@ TEST_F(CoordinatorStateTest, DtypeMismatchIsNamedToo) {
 TEST_F(CoordinatorStateTest, AllgatherMayDifferInTheFirstDimension) {
   CoordinatorState s = Make(2);
   TensorMeta a = Grad("g", {3, 2});
-  a.op = SPARSYNC_OP_ALLGATHER;
+  a.op = CollectiveOp::kAllGather;
   TensorMeta b = a;
   b.shape = {5, 2};
   ReportedReady ra = New(0);

@@ -240,8 +240,8 @@ TEST(CoordinatorPlanningTest, ScheduleCarriesThePlanAndItsGroups) {
   auto now = Clock::now();
   TensorMeta w;
   w.name = "w";
-  w.op = SPARSYNC_OP_GRADIENT;
-  w.dtype = SPARSYNC_FLOAT32;
+  w.op = CollectiveOp::kGradient;
+  w.dtype = DType::kFloat32;
   w.shape = {100};
   TensorMeta b = w;
   b.name = "b";

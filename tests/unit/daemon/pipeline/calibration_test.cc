@@ -88,7 +88,7 @@ Config WithCompressor(Compressor c) {
   Config config;
   config.compressor = c;
   config.density = 1.0 / 64;
-  config.index_coding = IndexCoding::kRaw;  // payload bytes exactly linear in k
+  config.index_coding = IndexCoding::kRaw32;  // payload bytes exactly linear in k
   return config;
 }
 

@@ -20,6 +20,7 @@
 
 #include "daemon/intake/codec.h"
 #include "daemon/intake/session.h"
+#include "daemon/intake/worker_handler.h"
 #include "daemon/transport/loopback/loopback_transport.h"
 
 namespace sparsync::pipeline {
@@ -31,17 +32,24 @@ using negotiation::ScheduleEntry;
 struct TensorSpec {
   std::string name;
   int64_t numel;
-  uint32_t op = SPARSYNC_OP_GRADIENT;
+  uint32_t op = SPARSYNC_OP_GRADIENT;                 // wire numbers: what a worker sends
   uint32_t compressor = SPARSYNC_COMPRESSOR_DEFAULT;
 };
 
-// The schedule as the coordinator hands it to one node.
+// The schedule as the node's negotiation agent hands it to the executor: slot t + 1 is tensor t,
+// named as the agent names it.
 class Feed {
  public:
+  explicit Feed(const std::vector<TensorSpec>& specs) : specs_(specs) {}
   void Push(std::vector<ScheduleEntry> entries) {
     {
       std::lock_guard lock(mu_);
-      for (auto& e : entries) pending_.push_back(std::move(e));
+      for (auto& e : entries) {
+        for (GroupTensor& t : e.group) {
+          if (t.slot >= 1 && t.slot <= specs_.size()) t.name = specs_[t.slot - 1].name;
+        }
+        pending_.push_back(std::move(e));
+      }
     }
     cv_.notify_all();
   }
@@ -54,6 +62,7 @@ class Feed {
   }
 
  private:
+  const std::vector<TensorSpec> specs_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<ScheduleEntry> pending_;
@@ -131,9 +140,16 @@ class Node {
  public:
   Node(World world, const std::vector<TensorSpec>& specs, transport::Transport* transport,
        const Config& config, ExecutorOptions options, std::function<void(const Status&)> on_fail)
-      : world_(world), specs_(specs) {
-    table_ = std::make_unique<TensorTable>(
-        world, "token", [](ReadyNotice) {}, [](const Status&) {});
+      : world_(world), specs_(specs), feed_(specs) {
+    // As the daemon wires them: the handler answers every pending tensor of a failed job, and
+    // `on_fail` hears what this node found (the coordinator's news comes as a fatal entry).
+    table_ = std::make_unique<TensorTable>(world, &failure_);
+    handler_ = std::make_unique<intake::WorkerHandler>(world, "token", &failure_, table_.get(),
+                                                       nullptr, [](negotiation::ReadyTensor) {});
+    failure_.Observe([this](const Status& e, JobFailure::Source s) { handler_->OnFailure(e, s); });
+    failure_.Observe([on_fail](const Status& e, JobFailure::Source s) {
+      if (s == JobFailure::Source::kLocal) on_fail(e);
+    });
     for (int local = 0; local < world.local_size; ++local) {
       int fds[2];
       EXPECT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, fds), 0);
@@ -145,7 +161,7 @@ class Node {
       hello.token_len = 5;
       std::memcpy(hello.job_token, "token", 5);
       sparsync_hello_reply reply{};
-      table_->OnHello(sessions_.back(), hello, &reply);
+      handler_->OnHello(sessions_.back(), hello, &reply);
       EXPECT_EQ(reply.status, SPARSYNC_OK) << reply.message;
       regions_.emplace_back();
       for (size_t t = 0; t < specs.size(); ++t) {
@@ -161,20 +177,16 @@ class Node {
         std::memcpy(msg.name, specs[t].name.data(), specs[t].name.size());
         sparsync_register_reply reg{};
         std::shared_ptr<intake::SharedRegion> region;
-        table_->OnRegister(sessions_.back(), msg, &reg, &region);
+        handler_->OnRegister(sessions_.back(), msg, &reg, &region);
         EXPECT_EQ(reg.status, SPARSYNC_OK) << reg.message;
         regions_.back().push_back(region);
       }
     }
-    for (size_t t = 0; t < specs.size(); ++t) {
-      table_->BindSlot(specs[t].name, static_cast<uint32_t>(t + 1));
-    }
+    sparse_ = std::make_unique<SparseReducers>(config, world.node_rank, world.num_nodes, transport);
     executor_ = std::make_unique<Executor>(
         world, table_.get(), transport,
-        [this](std::chrono::milliseconds w) { return feed_.Next(w); }, std::move(on_fail),
-        std::chrono::seconds(2),
-        std::make_unique<SparseReducers>(config, world.node_rank, world.num_nodes, transport),
-        std::move(options));
+        [this](std::chrono::milliseconds w) { return feed_.Next(w); }, &failure_, sparse_.get(),
+        HostPaths(world, transport), std::move(options));
   }
   ~Node() {
     executor_->Stop();
@@ -198,7 +210,7 @@ class Node {
         sparsync_ready ready{};
         ready.tensor_id = static_cast<uint32_t>(t);
         ready.round = round;
-        EXPECT_TRUE(table_->OnReady(sessions_[local], ready).ok());
+        EXPECT_TRUE(handler_->OnReady(sessions_[local], ready).ok());
       }
     }
   }
@@ -235,7 +247,10 @@ class Node {
  private:
   const World world_;
   const std::vector<TensorSpec> specs_;
+  JobFailure failure_;
   std::unique_ptr<TensorTable> table_;
+  std::unique_ptr<intake::WorkerHandler> handler_;
+  std::unique_ptr<SparseReducers> sparse_;
   std::vector<std::shared_ptr<intake::WorkerSession>> sessions_;
   std::vector<int> worker_fds_;
   std::vector<std::vector<std::shared_ptr<intake::SharedRegion>>> regions_;
@@ -250,7 +265,7 @@ std::vector<ScheduleEntry> Schedule(const std::vector<std::vector<uint32_t>>& gr
   for (const auto& g : groups) {
     ScheduleEntry e;
     e.seq = first_seq++;
-    for (uint32_t t : g) e.group.push_back(GroupTensor{t + 1, {}});
+    for (uint32_t t : g) e.group.push_back(GroupTensor{t + 1, {}, {}});
     entries.push_back(std::move(e));
   }
   return entries;

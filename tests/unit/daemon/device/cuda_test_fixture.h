@@ -1,7 +1,8 @@
 // The worker's side of the CUDA IPC intake tests: the fake CUDA runtime's C API
 // (tests/support/fake_cudart), device tensors exported as a shim exports them, and the fixture
-// that runs a TensorTable with CudaStaging against them in the same process. Shared by
-// cuda_staging_test.cc and device_sparse_test.cc (one executable, cuda_staging_test).
+// that runs the daemon's intake side (job failure, tensor table, device intake, worker handler,
+// wired as daemon.cc wires them) against them in the same process. Shared by
+// device_intake_test.cc and device_paths_test.cc (one executable, device_test).
 #pragma once
 
 #include <dlfcn.h>
@@ -15,13 +16,58 @@
 #include <mutex>
 #include <vector>
 
-#include "daemon/intake/cuda_staging.h"
+#include "daemon/common/job_failure.h"
+#include "daemon/device/cuda_tensor.h"
+#include "daemon/device/device_intake.h"
+#include "daemon/intake/codec.h"
+#include "daemon/intake/worker_handler.h"
 #include "daemon/pipeline/tensor_table.h"
 
-namespace sparsync::intake::test {
+namespace sparsync::device::test {
 
+using intake::SharedRegion;
+using intake::WorkerSession;
 using pipeline::GroupMember;
-using pipeline::TensorTable;
+
+// The daemon's intake side of one node, wired as daemon.cc wires it; `on_failure` hears the job's
+// failure after the handler has answered the pending collectives.
+struct NodeIntake {
+  NodeIntake(pipeline::World world, DeviceIntakeOptions options,
+             intake::WorkerHandler::ReportFn report, std::function<void(const Status&)> on_failure)
+      : table(world, &failure),
+        device(std::move(options)),
+        handler(world, "", &failure, &table, &device, std::move(report)) {
+    failure.Observe([this](const Status& e, JobFailure::Source s) { handler.OnFailure(e, s); });
+    failure.Observe([f = std::move(on_failure)](const Status& e, JobFailure::Source) { f(e); });
+  }
+  Status LoadExplicitLibraries() { return device.LoadExplicitLibraries(); }
+  void OnHello(const std::shared_ptr<WorkerSession>& s, const sparsync_hello& m,
+               sparsync_hello_reply* r) {
+    handler.OnHello(s, m, r);
+  }
+  void OnRegister(const std::shared_ptr<WorkerSession>& s, const sparsync_register_msg& m,
+                  sparsync_register_reply* r, std::shared_ptr<SharedRegion>* region) {
+    handler.OnRegister(s, m, r, region);
+  }
+  Status OnReady(const std::shared_ptr<WorkerSession>& s, const sparsync_ready& m) {
+    return handler.OnReady(s, m);
+  }
+  Status OnUnregister(const std::shared_ptr<WorkerSession>& s, const sparsync_unregister_msg& m) {
+    return handler.OnUnregister(s, m);
+  }
+  void OnDisconnect(const std::shared_ptr<WorkerSession>& s, const Status& reason) {
+    handler.OnDisconnect(s, reason);
+  }
+  std::vector<std::string> TakeReleased() { return table.TakeReleased(); }
+  std::vector<const GroupMember*> Finish(const std::vector<GroupMember>& members) {
+    return table.Finish(members);
+  }
+
+  JobFailure failure;
+  pipeline::TensorTable table;
+  DeviceIntake device;
+  intake::WorkerHandler handler;
+};
 
 // Points `*fn` at `name` in the dlopened `lib`; a missing symbol fails the test.
 template <typename Fn>
@@ -119,13 +165,14 @@ class CudaStagingTest : public ::testing::Test {
     EXPECT_EQ(fake_.TakeMisuse(), "") << "the daemon misused the CUDA runtime";
   }
 
-  std::unique_ptr<TensorTable> MakeTable(const std::string& cudart, int local_size = 1,
-                                         const std::string& libnccl = "",
-                                         bool local_nccl = true) {
-    // Notices and failures come from the table's staging thread.
-    auto table = std::make_unique<TensorTable>(
-        pipeline::World{0, 1, local_size}, "",
-        [this](pipeline::ReadyNotice n) {
+  std::unique_ptr<NodeIntake> MakeTable(
+      const std::string& cudart, int local_size = 1, const std::string& libnccl = "",
+      bool local_nccl = true, std::function<bool(const TensorMeta&)> keep_on_device = nullptr) {
+    // Notices and failures come from the staging thread.
+    auto table = std::make_unique<NodeIntake>(
+        pipeline::World{0, 1, local_size},
+        DeviceIntakeOptions{cudart, local_nccl, libnccl, std::move(keep_on_device)},
+        [this](negotiation::ReadyTensor n) {
           std::lock_guard lock(mu_);
           notices_.push_back(n);
           changed_.notify_all();
@@ -134,8 +181,7 @@ class CudaStagingTest : public ::testing::Test {
           std::lock_guard lock(mu_);
           failures_.push_back(s);
           changed_.notify_all();
-        },
-        pipeline::CudaOptions{cudart, local_nccl, libnccl, nullptr});
+        });
     sparsync_hello hello{};
     sparsync_hello_reply reply{};
     table->OnHello(session_, hello, &reply);
@@ -162,7 +208,7 @@ class CudaStagingTest : public ::testing::Test {
     EXPECT_EQ(
         fake_.EventCreateWithFlags(&t->ready, kCudaEventInterprocess | kCudaEventDisableTiming), 0);
     sparsync_register_msg& m = t->msg;
-    FillHeader(&m.header, SPARSYNC_MSG_REGISTER, sizeof(m));
+    intake::FillHeader(&m.header, SPARSYNC_MSG_REGISTER, sizeof(m));
     m.tensor_id = id;
     m.op = SPARSYNC_OP_GRADIENT;
     m.dtype = SPARSYNC_FLOAT32;
@@ -181,7 +227,7 @@ class CudaStagingTest : public ::testing::Test {
     return t;
   }
 
-  sparsync_register_reply Register(DeviceTensor* t, TensorTable* table = nullptr,
+  sparsync_register_reply Register(DeviceTensor* t, NodeIntake* table = nullptr,
                                    const std::shared_ptr<WorkerSession>& session = nullptr) {
     sparsync_register_reply reply{};
     std::shared_ptr<SharedRegion> region;
@@ -200,17 +246,17 @@ class CudaStagingTest : public ::testing::Test {
   Status Ready(DeviceTensor* t, uint64_t round,
                const std::shared_ptr<WorkerSession>& session = nullptr) {
     sparsync_ready r{};
-    FillHeader(&r.header, SPARSYNC_MSG_READY, sizeof(r));
+    intake::FillHeader(&r.header, SPARSYNC_MSG_READY, sizeof(r));
     r.tensor_id = t->msg.tensor_id;
     r.round = round;
     return table_->OnReady(session ? session : session_, r);
   }
 
+  // The members of an entry naming `name` in `slot`, as the negotiation agent hands it over.
   std::vector<GroupMember> Resolve(const std::string& name, uint32_t slot) {
-    table_->BindSlot(name, slot);
     negotiation::ScheduleEntry entry;
-    entry.group.push_back({slot, {}});
-    auto members = table_->Resolve(entry, std::chrono::milliseconds(1000));
+    entry.group.push_back({slot, {}, name});
+    auto members = table_->table.Resolve(entry);
     EXPECT_TRUE(members.ok()) << members.status().ToString();
     return members.ok() ? *members : std::vector<GroupMember>{};
   }
@@ -247,14 +293,14 @@ class CudaStagingTest : public ::testing::Test {
   FakeCuda fake_{};
   std::shared_ptr<WorkerSession> session_;
   int worker_fd_ = -1;
-  std::unique_ptr<TensorTable> table_;
+  std::unique_ptr<NodeIntake> table_;
   std::mutex mu_;
   std::condition_variable changed_;
-  std::vector<pipeline::ReadyNotice> notices_;  // GUARDED_BY(mu_)
+  std::vector<negotiation::ReadyTensor> notices_;  // GUARDED_BY(mu_)
   std::vector<Status> failures_;                // GUARDED_BY(mu_)
   std::vector<std::unique_ptr<DeviceTensor>> owned_;
   std::vector<DeviceTensor*> tensors_;
   int events_before_ = 0;
 };
 
-}  // namespace sparsync::intake::test
+}  // namespace sparsync::device::test

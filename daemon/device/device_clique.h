@@ -1,7 +1,8 @@
-// LocalNccl: sums one node's CUDA tensors across the node's GPUs with NCCL, inside the daemon,
+// DeviceClique and LocalNccl: sum one node's CUDA tensors across the node's GPUs with NCCL,
+// inside the daemon,
 // so that only the node's sum is copied to the host and crosses the network (DESIGN, "local
 // reduce"). The workers of a node that train on different GPUs register the same tensor from
-// each GPU (CUDA IPC intake, cuda_staging.h); the daemon holds one NCCL communicator per device
+// each GPU (CUDA IPC intake, cuda_tensor.h); the daemon holds one NCCL communicator per device
 // in one clique (ncclCommInitAll) and, for each round:
 //
 //   ReduceToHost       every device's stream waits for its worker's ready event; ncclReduce
@@ -28,12 +29,11 @@
 #include <vector>
 
 #include "daemon/common/status.h"
-#include "daemon/intake/cuda_staging.h"
-#include "proto/intake/wire.h"
+#include "daemon/common/tensor_meta.h"
+#include "daemon/device/cuda_tensor.h"
+#include "daemon/device/nccl_library.h"
 
-namespace sparsync::intake {
-
-struct NcclLibrary;
+namespace sparsync::device {
 
 // One communicator per device of the node's workers, rank r on local rank r's device.
 class DeviceClique {
@@ -45,14 +45,14 @@ class DeviceClique {
   // `parts`: one tensor per local rank, on the clique's devices in order, alike in size.
   // Sums every part into parts[0]'s buffer, after each worker's ready event; queued on the
   // devices' streams, does not block.
-  [[nodiscard]] Status ReduceOnDevice(std::span<CudaTensor* const> parts, uint32_t dtype);
+  [[nodiscard]] Status ReduceOnDevice(std::span<CudaTensor* const> parts, DType dtype);
   // ReduceOnDevice, then copies the sum to parts[0]'s staging. Blocks until it is there.
-  [[nodiscard]] Status ReduceToHost(std::span<CudaTensor* const> parts, uint32_t dtype);
+  [[nodiscard]] Status ReduceToHost(std::span<CudaTensor* const> parts, DType dtype);
   // parts[0]'s buffer to every other part, then every part's done event. Does not block: the
   // workers' streams wait on the done events.
-  [[nodiscard]] Status BroadcastFromDevice(std::span<CudaTensor* const> parts, uint32_t dtype);
+  [[nodiscard]] Status BroadcastFromDevice(std::span<CudaTensor* const> parts, DType dtype);
   // parts[0]'s staging to its buffer, then BroadcastFromDevice.
-  [[nodiscard]] Status BroadcastFromHost(std::span<CudaTensor* const> parts, uint32_t dtype);
+  [[nodiscard]] Status BroadcastFromHost(std::span<CudaTensor* const> parts, DType dtype);
 
   const std::vector<int>& devices() const { return devices_; }
 
@@ -104,27 +104,4 @@ class LocalNccl {
   std::map<std::vector<int>, std::shared_ptr<DeviceClique>> cliques_;  // null: failed to make
 };
 
-// The NCCL element type (ncclDataType_t) of a sparsync_dtype, or -1 for one NCCL lacks.
-constexpr int NcclDataType(uint32_t dtype) {
-  switch (dtype) {
-    case SPARSYNC_FLOAT32: return 7;   // ncclFloat32
-    case SPARSYNC_FLOAT64: return 8;   // ncclFloat64
-    case SPARSYNC_FLOAT16: return 6;   // ncclFloat16
-    case SPARSYNC_BFLOAT16: return 9;  // ncclBfloat16
-    case SPARSYNC_INT32: return 2;     // ncclInt32
-    case SPARSYNC_INT64: return 4;     // ncclInt64
-    case SPARSYNC_UINT8: return 1;     // ncclUint8
-  }
-  return -1;
-}
-// Whether the local reduce takes tensors of `dtype`: those the host sums in their own type
-// (float32, float64, int32, int64). Half types and uint8 stay on the host, which accumulates them
-// in float32; NCCL would sum them in their own type (float16 overflows at 65504, uint8 wraps).
-constexpr bool SummedOnDevice(uint32_t dtype) {
-  return dtype == SPARSYNC_FLOAT32 || dtype == SPARSYNC_FLOAT64 || dtype == SPARSYNC_INT32 ||
-         dtype == SPARSYNC_INT64;
-}
-inline constexpr int kNcclSuccess = 0;  // ncclSuccess
-inline constexpr int kNcclSum = 0;      // ncclSum
-
-}  // namespace sparsync::intake
+}  // namespace sparsync::device

@@ -1,57 +1,10 @@
-#include "daemon/intake/local_nccl.h"
+#include "daemon/device/device_clique.h"
 
-#include <dlfcn.h>
 #include <spdlog/spdlog.h>
 
-#include "proto/intake/bind_symbol.h"
-
-namespace sparsync::intake {
-
-// The NCCL functions the local reduce needs, resolved with dlsym. Types mirror nccl.h
-// (local_nccl_check.cc holds them against it where NCCL is installed).
-struct NcclLibrary {
-  std::string library;
-  int version = 0;
-  int (*GetVersion)(int* version);
-  const char* (*GetErrorString)(int result);
-  int (*CommInitAll)(void** comms, int ndev, const int* devlist);
-  int (*CommDestroy)(void* comm);
-  int (*GroupStart)();
-  int (*GroupEnd)();
-  int (*Reduce)(const void* send, void* recv, size_t count, int datatype, int op, int root,
-                void* comm, CudaStream stream);
-  int (*Broadcast)(const void* send, void* recv, size_t count, int datatype, int root, void* comm,
-                   CudaStream stream);
-};
+namespace sparsync::device {
 
 namespace {
-
-std::shared_ptr<const NcclLibrary> LoadNccl(const std::string& explicit_path, std::string* error) {
-  const std::string name = explicit_path.empty() ? "libnccl.so.2" : explicit_path;
-  void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    const char* why = dlerror();
-    *error = "cannot load NCCL (" + std::string(why ? why : name + ": not found") + ")";
-    return nullptr;
-  }
-  auto lib = std::make_shared<NcclLibrary>();
-  lib->library = name;
-  std::string missing;
-  bool ok = BindSymbol(handle, "ncclGetVersion", &lib->GetVersion, &missing) &&
-            BindSymbol(handle, "ncclGetErrorString", &lib->GetErrorString, &missing) &&
-            BindSymbol(handle, "ncclCommInitAll", &lib->CommInitAll, &missing) &&
-            BindSymbol(handle, "ncclCommDestroy", &lib->CommDestroy, &missing) &&
-            BindSymbol(handle, "ncclGroupStart", &lib->GroupStart, &missing) &&
-            BindSymbol(handle, "ncclGroupEnd", &lib->GroupEnd, &missing) &&
-            BindSymbol(handle, "ncclReduce", &lib->Reduce, &missing) &&
-            BindSymbol(handle, "ncclBroadcast", &lib->Broadcast, &missing);
-  if (!ok) {
-    *error = name + " is not a usable NCCL: it lacks " + missing;
-    return nullptr;
-  }
-  if (lib->GetVersion(&lib->version) != kNcclSuccess) lib->version = 0;
-  return lib;
-}
 
 std::string DeviceList(const std::vector<int>& devices) {
   std::string s;
@@ -65,17 +18,14 @@ std::string DeviceList(const std::vector<int>& devices) {
 
 DeviceClique::~DeviceClique() {
   for (void* comm : comms_) {
-    int r = nccl_->CommDestroy(comm);
-    if (r != kNcclSuccess) spdlog::warn("ncclCommDestroy: {}", nccl_->GetErrorString(r));
+    Status st = NcclStatus(*nccl_, nccl_->CommDestroy(comm), "ncclCommDestroy");
+    if (!st.ok()) spdlog::warn("{}", st.message());
   }
 }
 
 Status DeviceClique::Check(int result, const std::string& what, const std::string& tensor) const {
-  if (result == kNcclSuccess) return Status::Ok();
-  const char* text = nccl_->GetErrorString(result);
-  return Internal(what + " of tensor '" + tensor + "' across CUDA devices " +
-                  DeviceList(devices_) + ": " + (text ? text : "NCCL error") + " (" +
-                  std::to_string(result) + ")");
+  return NcclStatus(*nccl_, result,
+                    what + " of tensor '" + tensor + "' across CUDA devices " + DeviceList(devices_));
 }
 
 template <typename Call>
@@ -100,9 +50,9 @@ Status DeviceClique::ForEachDevice(std::span<CudaTensor* const> parts, Step step
   return Status::Ok();
 }
 
-Status DeviceClique::ReduceOnDevice(std::span<CudaTensor* const> parts, uint32_t dtype) {
+Status DeviceClique::ReduceOnDevice(std::span<CudaTensor* const> parts, DType dtype) {
   CudaTensor& root = *parts[0];
-  const size_t count = root.bytes() / sparsync_dtype_size(dtype);
+  const size_t count = root.bytes() / DTypeSize(dtype);
   const int type = NcclDataType(dtype);
   std::lock_guard lock(mu_);
   SPARSYNC_RETURN_IF_ERROR(
@@ -114,7 +64,7 @@ Status DeviceClique::ReduceOnDevice(std::span<CudaTensor* const> parts, uint32_t
   });
 }
 
-Status DeviceClique::ReduceToHost(std::span<CudaTensor* const> parts, uint32_t dtype) {
+Status DeviceClique::ReduceToHost(std::span<CudaTensor* const> parts, DType dtype) {
   SPARSYNC_RETURN_IF_ERROR(ReduceOnDevice(parts, dtype));
   // In stream order after the reduce: the copy needs no lock.
   SPARSYNC_RETURN_IF_ERROR(ForEachDevice(parts.first(1), [](CudaTensor& p) {
@@ -123,9 +73,9 @@ Status DeviceClique::ReduceToHost(std::span<CudaTensor* const> parts, uint32_t d
   return parts[0]->Synchronize();
 }
 
-Status DeviceClique::BroadcastFromDevice(std::span<CudaTensor* const> parts, uint32_t dtype) {
+Status DeviceClique::BroadcastFromDevice(std::span<CudaTensor* const> parts, DType dtype) {
   CudaTensor& root = *parts[0];
-  const size_t count = root.bytes() / sparsync_dtype_size(dtype);
+  const size_t count = root.bytes() / DTypeSize(dtype);
   const int type = NcclDataType(dtype);
   std::lock_guard lock(mu_);
   if (count != 0) {
@@ -137,7 +87,7 @@ Status DeviceClique::BroadcastFromDevice(std::span<CudaTensor* const> parts, uin
   return ForEachDevice(parts, [](CudaTensor& p) { return p.EnqueueRecordDone(); });
 }
 
-Status DeviceClique::BroadcastFromHost(std::span<CudaTensor* const> parts, uint32_t dtype) {
+Status DeviceClique::BroadcastFromHost(std::span<CudaTensor* const> parts, DType dtype) {
   SPARSYNC_RETURN_IF_ERROR(ForEachDevice(parts.first(1), [](CudaTensor& p) {
     return p.EnqueueHostToDevice();
   }));
@@ -201,13 +151,13 @@ std::shared_ptr<DeviceClique> LocalNccl::CliqueFor(std::span<CudaTensor* const> 
   if (!Load()) return nullptr;
   std::shared_ptr<DeviceClique> clique(new DeviceClique(nccl_, devices));
   clique->comms_.assign(devices.size(), nullptr);
-  int r = nccl_->CommInitAll(clique->comms_.data(), static_cast<int>(devices.size()),
-                             devices.data());
-  if (r != kNcclSuccess) {
+  Status made = NcclStatus(*nccl_,
+                           nccl_->CommInitAll(clique->comms_.data(),
+                                              static_cast<int>(devices.size()), devices.data()),
+                           "ncclCommInitAll on CUDA devices " + DeviceList(devices));
+  if (!made.ok()) {
     clique->comms_.clear();
-    spdlog::warn(
-        "ncclCommInitAll on CUDA devices {}: {} ({}); their tensors are summed on the host",
-        DeviceList(devices), nccl_->GetErrorString(r), r);
+    spdlog::warn("{}; their tensors are summed on the host", made.message());
     clique = nullptr;
   } else {
     spdlog::info("summing the node's CUDA tensors on devices {} with NCCL", DeviceList(devices));
@@ -216,4 +166,4 @@ std::shared_ptr<DeviceClique> LocalNccl::CliqueFor(std::span<CudaTensor* const> 
   return clique;
 }
 
-}  // namespace sparsync::intake
+}  // namespace sparsync::device

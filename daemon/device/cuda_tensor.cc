@@ -1,10 +1,12 @@
-#include "daemon/intake/cuda_staging.h"
+#include "daemon/device/cuda_tensor.h"
 
 #include <spdlog/spdlog.h>
 
 #include <cstring>
 
-namespace sparsync::intake {
+#include "daemon/device/cuda_status.h"
+
+namespace sparsync::device {
 
 struct DeviceStream {
   std::shared_ptr<const CudaRuntime> rt;
@@ -23,11 +25,6 @@ CudaIpcHandle HandleOf(const uint8_t (&bytes)[SPARSYNC_CUDA_IPC_HANDLE_BYTES]) {
   CudaIpcHandle h;
   std::memcpy(&h, bytes, sizeof(h));
   return h;
-}
-
-Status FromCuda(const CudaRuntime& rt, CudaError error, const std::string& what) {
-  if (error == kCudaSuccess) return Status::Ok();
-  return Internal(rt.Describe(error, what));
 }
 
 }  // namespace
@@ -55,7 +52,7 @@ const CudaRuntime& CudaTensor::rt() const { return *stream_->rt; }
 std::shared_ptr<const CudaRuntime> CudaTensor::runtime() const { return stream_->rt; }
 
 Status CudaTensor::Check(CudaError error, const std::string& what) const {
-  return FromCuda(
+  return CudaStatus(
       *stream_->rt, error,
       what + " for tensor '" + name_ + "' on CUDA device " + std::to_string(stream_->device));
 }
@@ -113,10 +110,10 @@ Result<std::shared_ptr<DeviceStream>> CudaStaging::StreamFor(int device, const s
   ds->device = device;
   const std::string where = " for tensor '" + name + "' on CUDA device " + std::to_string(device);
   SPARSYNC_RETURN_IF_ERROR(
-      FromCuda(*runtime_, runtime_->SetDevice(device), "cudaSetDevice" + where));
+      CudaStatus(*runtime_, runtime_->SetDevice(device), "cudaSetDevice" + where));
   CudaStream stream = nullptr;
   SPARSYNC_RETURN_IF_ERROR(
-      FromCuda(*runtime_, runtime_->StreamCreateWithFlags(&stream, kCudaStreamNonBlocking),
+      CudaStatus(*runtime_, runtime_->StreamCreateWithFlags(&stream, kCudaStreamNonBlocking),
                "cudaStreamCreateWithFlags" + where));
   ds->stream = stream;
   streams_[device] = ds;
@@ -187,38 +184,4 @@ Result<std::shared_ptr<CudaTensor>> CudaStaging::Attach(
   return t;
 }
 
-StagingThread::~StagingThread() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-    jobs_.clear();
-  }
-  wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
-
-void StagingThread::Post(std::function<void()> job) {
-  {
-    std::lock_guard lock(mu_);
-    if (stopping_) return;
-    jobs_.push_back(std::move(job));
-    if (!thread_.joinable()) {
-      thread_ = std::thread([this] {
-        std::unique_lock lock(mu_);
-        while (true) {
-          wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-          if (stopping_) return;
-          std::function<void()> next = std::move(jobs_.front());
-          jobs_.pop_front();
-          lock.unlock();
-          next();
-          next = nullptr;  // what the job holds goes before the lock is taken again
-          lock.lock();
-        }
-      });
-    }
-  }
-  wake_.notify_one();
-}
-
-}  // namespace sparsync::intake
+}  // namespace sparsync::device

@@ -1,36 +1,32 @@
-// The daemon's end of the CUDA IPC intake (proto/intake/wire.h, memory CUDA).
+// CudaTensor and CudaStaging: the daemon's end of the CUDA IPC intake (proto/intake/wire.h,
+// memory CUDA).
 //
 // A worker's CUDA tensor stays in the worker's device buffer; the daemon opens that buffer and
 // the worker's "ready" event once, at REGISTER, together with the tensor's memfd region, which it
 // page-locks (cudaHostRegister) and uses as the tensor's host staging:
 //   ready: the daemon's stream for the device waits on the ready event and copies device ->
-//          staging (CudaTensor::CopyToHost), on the staging thread (StagingThread), not on the
+//          staging (CudaTensor::CopyToHost), on the staging thread (device_intake.h), not on the
 //          intake thread; with several GPUs in the node the tensors are first summed on the
-//          devices (local_nccl.h) and only the sum is copied;
+//          devices (device_clique.h) and only the sum is copied;
 //   done:  staging -> device on the same stream, then the "done" event is recorded on it; the
 //          worker's stream waits on that event (CudaTensor::CopyToDevice).
-// Gradients that the daemon sparsifies on the device (pipeline/device_sparse.h) skip the copy
-// to the host: the node's sum stays in local rank 0's buffer and only the selected pairs cross.
-// TODO(issue 5): dense groups on the device (NCCL between nodes on device pointers).
-//
-// With local_nccl.cc, the files of the daemon where CUDA runtime errors become Status values.
+// Groups that the daemon reduces on the device (device_topk_path.h, device_dense_path.h) skip
+// the copy to the host: the node's sum stays in local rank 0's buffer.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "daemon/common/status.h"
+#include "daemon/device/cuda_runtime.h"
 #include "daemon/intake/shared_region.h"
-#include "proto/intake/cuda_runtime.h"
 #include "proto/intake/wire.h"
 
-namespace sparsync::intake {
+namespace sparsync::device {
+
+using intake::SharedRegion;
 
 // One stream per device, shared by every tensor on it.
 struct DeviceStream;
@@ -63,7 +59,7 @@ class CudaTensor {
   const std::string& name() const { return name_; }
   bool pinned() const { return pinned_; }
 
-  // For work on the worker's buffer itself (the device sparse path, pipeline/device_sparse.h):
+  // For work on the worker's buffer itself (the device reduce paths):
   // the buffer, the device's stream (work queued there is ordered with this tensor's copies)
   // and the runtime. Callers make device() current first.
   void* data() const { return data_; }
@@ -125,24 +121,4 @@ class CudaStaging {
   bool warned_unpinned_ = false;
 };
 
-// Runs jobs (the CUDA tensors' staging) one at a time in the order posted, on a thread of its
-// own started by the first Post, so that no copy holds up the intake thread. Destruction finishes
-// the running job and drops the queued ones (the daemon has failed them by then).
-class StagingThread {
- public:
-  StagingThread() = default;
-  ~StagingThread();
-  StagingThread(const StagingThread&) = delete;
-  StagingThread& operator=(const StagingThread&) = delete;
-
-  void Post(std::function<void()> job);
-
- private:
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
-
-}  // namespace sparsync::intake
+}  // namespace sparsync::device

@@ -1,7 +1,9 @@
-// CudaRuntime: the CUDA runtime functions the CUDA IPC intake needs, resolved at run time with
-// dlopen/dlsym. Shared by the daemon (daemon/intake/cuda_staging.h) and the client library
-// (shims/client/cuda_buffer.h); neither links libcudart, so a CPU-only build and a CPU-only
-// machine are unaffected, and a process that already loaded the runtime (PyTorch) shares it.
+// CudaRuntime: the CUDA runtime functions sparsync needs, resolved at run time with dlopen/dlsym:
+// the project's one binding of the CUDA runtime. The daemon's device path (daemon/device/) and
+// the client library (shims/client/cuda_buffer.h, which compiles this file on its own: it has no
+// other dependency than libdl) use it; neither links libcudart, so a CPU-only build and a
+// CPU-only machine are unaffected, and a process that already loaded the runtime (PyTorch)
+// shares it. CUDA errors become Status values in one place of the daemon, cuda_status.h.
 //
 // The types below mirror cuda_runtime_api.h so that this header builds without the CUDA toolkit;
 // cuda_runtime_check.cc holds them against the real header wherever the toolkit is installed.
@@ -13,7 +15,7 @@
 #include <memory>
 #include <string>
 
-namespace sparsync::intake {
+namespace sparsync::device {
 
 using CudaError = int;     // cudaError_t
 using CudaStream = void*;  // cudaStream_t; nullptr is the legacy default stream
@@ -23,6 +25,10 @@ struct CudaIpcHandle {     // cudaIpcMemHandle_t and cudaIpcEventHandle_t
 };
 
 inline constexpr CudaError kCudaSuccess = 0;
+inline constexpr CudaError kCudaErrorMemoryAllocation = 2;    // cudaErrorMemoryAllocation
+inline constexpr CudaError kCudaErrorInsufficientDriver = 35;  // cudaErrorInsufficientDriver
+inline constexpr CudaError kCudaErrorNoDevice = 100;           // cudaErrorNoDevice
+inline constexpr CudaError kCudaErrorInvalidDevice = 101;      // cudaErrorInvalidDevice
 inline constexpr unsigned kCudaEventDisableTiming = 0x02;          // cudaEventDisableTiming
 inline constexpr unsigned kCudaEventInterprocess = 0x04;           // cudaEventInterprocess
 inline constexpr unsigned kCudaIpcMemLazyEnablePeerAccess = 0x01;  // cudaIpcMemLazyEnablePeerAccess
@@ -52,7 +58,7 @@ struct CudaRuntime {
   CudaError (*StreamWaitEvent)(CudaStream stream, CudaEvent event, unsigned flags);
   CudaError (*StreamSynchronize)(CudaStream stream);
   CudaError (*MemcpyAsync)(void* dst, const void* src, size_t bytes, int kind, CudaStream stream);
-  // The daemon's own device buffers (the device sparse path, daemon/pipeline/device_sparse.h).
+  // The daemon's own device buffers (the device reduce paths).
   CudaError (*Malloc)(void** ptr, size_t bytes);
   CudaError (*Free)(void* ptr);
   CudaError (*MemsetAsync)(void* ptr, int value, size_t bytes, CudaStream stream);
@@ -78,4 +84,4 @@ struct CudaRuntime {
 std::shared_ptr<const CudaRuntime> LoadCudaRuntime(const std::string& explicit_path,
                                                    std::string* error);
 
-}  // namespace sparsync::intake
+}  // namespace sparsync::device

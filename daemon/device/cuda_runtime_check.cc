@@ -5,12 +5,16 @@
 
 #include <type_traits>
 
-#include "proto/intake/cuda_runtime.h"
+#include "daemon/device/cuda_runtime.h"
 
-namespace sparsync::intake {
+namespace sparsync::device {
 namespace {
 
 static_assert(sizeof(cudaError_t) == sizeof(CudaError) && kCudaSuccess == cudaSuccess);
+static_assert(kCudaErrorMemoryAllocation == cudaErrorMemoryAllocation &&
+              kCudaErrorInsufficientDriver == cudaErrorInsufficientDriver &&
+              kCudaErrorNoDevice == cudaErrorNoDevice &&
+              kCudaErrorInvalidDevice == cudaErrorInvalidDevice);
 static_assert(std::is_same_v<cudaStream_t, CUstream_st*> &&
               sizeof(cudaStream_t) == sizeof(CudaStream));
 static_assert(sizeof(cudaEvent_t) == sizeof(CudaEvent));
@@ -32,4 +36,4 @@ static_assert(sizeof(CUdeviceptr) == sizeof(unsigned long long));
 static_assert(sizeof(cudaDriverEntryPointQueryResult) == sizeof(int));
 
 }  // namespace
-}  // namespace sparsync::intake
+}  // namespace sparsync::device

@@ -1,20 +1,22 @@
-// The daemon's end of the CUDA IPC intake: TensorTable + CudaStaging against the fake CUDA
-// runtime (tests/support/fake_cudart), with this test playing the worker in the same process.
-#include "daemon/intake/cuda_staging.h"
+// The daemon's end of the CUDA IPC intake: the worker handler, the tensor table and the device
+// intake (CUDA tensors, the local reduce) against the fake CUDA runtime (tests/support/
+// fake_cudart) and the fake NCCL, with this test playing the worker in the same process.
+#include "daemon/device/device_intake.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
+#include "daemon/intake/done.h"
+#include "daemon/pipeline/delivery.h"
 #include "daemon/pipeline/tensor_table.h"
-#include "tests/unit/daemon/intake/cuda_test_fixture.h"
+#include "tests/unit/daemon/device/cuda_test_fixture.h"
 
-namespace sparsync::intake {
+namespace sparsync::device {
 namespace {
 
 using pipeline::GroupMember;
-using pipeline::TensorTable;
 using test::CudaStagingTest;
 using test::FakeCuda;
 using test::DeviceTensor;
@@ -45,7 +47,7 @@ TEST_F(CudaStagingTest, DataFlowsDeviceToStagingToDeviceInOrder) {
       ASSERT_EQ(staging[i], static_cast<float>(i) * 0.5f * static_cast<float>(round)) << i;
       staging[i] *= 2;  // the "reduced" result, doubled each round
     }
-    ASSERT_TRUE(pipeline::SendDone(part, Status::Ok()).ok());
+    pipeline::DeliverFromHost(members[0]);
     // The result went back to the device before the done event was recorded.
     EXPECT_EQ(fake_.TakeJournal(), "H2D 64\nrecord " + Id(t->done) + "\n");
     EXPECT_EQ(fake_.EventRecords(t->done), round);
@@ -75,7 +77,9 @@ TEST_F(CudaStagingTest, AnErrorDoneLeavesTheDeviceBufferAlone) {
   std::vector<GroupMember> members = Resolve("w", 1);
   ASSERT_EQ(members.size(), 1u);
   fake_.TakeJournal();
-  ASSERT_TRUE(pipeline::SendDone(members[0].parts[0], Aborted("node 3 left")).ok());
+  const pipeline::WorkerPart& part = members[0].parts[0];
+  ASSERT_TRUE(
+      intake::SendDone(*part.session, part.tensor_id, part.round, Aborted("node 3 left")).ok());
   EXPECT_EQ(fake_.TakeJournal(), "");
   EXPECT_EQ(fake_.EventRecords(t->done), 0u);
   sparsync_done done = ReceiveDone();
@@ -122,7 +126,7 @@ TEST_F(CudaStagingTest, ATensorInFlightKeepsItsHandlesUntilTheGroupLetsGo) {
 }
 
 TEST_F(CudaStagingTest, WithoutARuntimeRegistrationFailsClearly) {
-  std::unique_ptr<TensorTable> table = MakeTable("/nonexistent/libcudart.so.13");
+  std::unique_ptr<test::NodeIntake> table = MakeTable("/nonexistent/libcudart.so.13");
   DeviceTensor* t = NewTensor("fc.bias", 4, 0, 16, 1);
   sparsync_register_reply reply = Register(t, table.get());
   EXPECT_EQ(reply.status, SPARSYNC_ERR_UNAVAILABLE);
@@ -226,7 +230,7 @@ class LocalReduceTest : public CudaStagingTest {
     table_ = MakeTable(SPARSYNC_FAKE_CUDART, 2, libnccl, local_nccl);
     int fds[2];
     ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds), 0);
-    second_ = std::make_shared<WorkerSession>(fds[0]);
+    second_ = std::make_shared<intake::WorkerSession>(fds[0]);
     second_fd_ = fds[1];
     sparsync_hello hello{};
     hello.local_rank = 1;
@@ -237,7 +241,7 @@ class LocalReduceTest : public CudaStagingTest {
 
   // The same tensor from both workers, on `device0` and `device1`; both posted for round 1.
   std::pair<DeviceTensor*, DeviceTensor*> PostBoth(int device0, int device1,
-                                                   uint32_t dtype = SPARSYNC_FLOAT32,
+                                                   uint32_t dtype = SPARSYNC_FLOAT32,  // wire
                                                    const std::string& name = "fc.weight",
                                                    uint32_t id = 3) {
     DeviceTensor* a = NewTensor(name, 16, 256, 1024, id, device0);
@@ -260,7 +264,7 @@ class LocalReduceTest : public CudaStagingTest {
   }
 
   FakeNccl nccl_{};
-  std::shared_ptr<WorkerSession> second_;
+  std::shared_ptr<intake::WorkerSession> second_;
   int second_fd_ = -1;
 };
 
@@ -288,7 +292,7 @@ TEST_F(LocalReduceTest, TwoGpusAreSummedWithNcclAndOnlyTheSumCrossesToTheHost) {
     sum[i] = 3.0f * static_cast<float>(i);           // the node's "result"
   }
   fake_.TakeJournal();
-  pipeline::DeliverResult(members[0]);
+  pipeline::DeliverFromHost(members[0]);
   cuda = fake_.TakeJournal();
   EXPECT_EQ(Count(cuda, "H2D"), 1u) << cuda;
   EXPECT_EQ(Count(cuda, "record " + Id(a->done)), 1u) << cuda;
@@ -305,7 +309,7 @@ TEST_F(LocalReduceTest, TwoGpusAreSummedWithNcclAndOnlyTheSumCrossesToTheHost) {
   for (size_t at = 256 + 64; at < da.size(); ++at) ASSERT_EQ(da[at], kGuard) << "byte " << at;
   table_->Finish(members);
   members.clear();
-  table_.reset();  // the communicators go with the table
+  table_.reset();  // the communicators go with the device intake
 }
 
 TEST_F(LocalReduceTest, TwoWorkersOnOneGpuAreSummedOnTheHost) {
@@ -430,4 +434,4 @@ TEST(LocalNcclLoaderTest, ALibraryThatIsNoNcclIsRefusedByName) {
 }
 
 }  // namespace
-}  // namespace sparsync::intake
+}  // namespace sparsync::device

@@ -1,12 +1,12 @@
-#include "proto/intake/cuda_runtime.h"
+#include "daemon/device/cuda_runtime.h"
 
 #include <dlfcn.h>
 
 #include <vector>
 
-#include "proto/intake/bind_symbol.h"
+#include "daemon/device/bind_symbol.h"
 
-namespace sparsync::intake {
+namespace sparsync::device {
 namespace {
 
 // cudaGetDriverEntryPointByVersion (CUDA >= 12.5) and cudaGetDriverEntryPoint (12.0 .. 12.x).
@@ -111,4 +111,4 @@ std::shared_ptr<const CudaRuntime> LoadCudaRuntime(const std::string& explicit_p
   return nullptr;
 }
 
-}  // namespace sparsync::intake
+}  // namespace sparsync::device

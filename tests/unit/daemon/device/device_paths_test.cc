@@ -1,8 +1,8 @@
-// The device path (pipeline/device_sparse.h): a TensorTable that keeps gradients on the fake CUDA
-// runtime's "device", the fake sparsification library (tests/support/fake_sparsify) and a
-// one-node loopback transport (for dense groups, one that takes device memory), with this test
-// playing the worker.
-#include "daemon/pipeline/device_sparse.h"
+// The device paths (daemon/device/device_topk_path.h, device_dense_path.h): the daemon's intake
+// side keeping gradients on the fake CUDA runtime's "device", the fake sparsification library
+// (tests/support/fake_sparsify) and a one-node loopback transport (for dense groups, one that
+// takes device memory), with this test playing the worker.
+#include "daemon/device/device_topk_path.h"
 
 #include <gtest/gtest.h>
 
@@ -11,61 +11,106 @@
 #include <span>
 #include <vector>
 
+#include "daemon/device/device_dense_path.h"
+#include "daemon/pipeline/delivery.h"
 #include "daemon/pipeline/dense_math.h"
 #include "daemon/pipeline/executor.h"
 #include "daemon/transport/loopback/loopback_transport.h"
-#include "tests/unit/daemon/intake/cuda_test_fixture.h"
+#include "tests/unit/daemon/device/cuda_test_fixture.h"
 
-namespace sparsync::pipeline {
+namespace sparsync::device {
 namespace {
 
-using intake::kCudaMemcpyHostToDevice;
-using intake::test::CudaStagingTest;
-using intake::test::DeviceTensor;
-using intake::test::kGuard;
+using pipeline::Group;
+using pipeline::GroupMember;
+using pipeline::NodeSum;
+using pipeline::PreparedGroup;
+using pipeline::SparseReducer;
+using pipeline::TensorState;
+using test::CudaStagingTest;
+using test::DeviceTensor;
+using test::kGuard;
 
-class DeviceSparseTest : public CudaStagingTest {
+Config TopKConfig(NonFinitePolicy nonfinite = NonFinitePolicy::kError,
+                  ValueDType values = ValueDType::kFloat32) {
+  Config config;
+  config.compressor = Compressor::kTopK;
+  config.density = 0.01;
+  config.nonfinite = nonfinite;
+  config.value_dtype = values;
+  return config;
+}
+
+class DeviceTopKTest : public CudaStagingTest {
  protected:
   void SetUp() override {
     CudaStagingTest::SetUp();
     allocations_before_ = fake_.Live("allocations");
-    CudaOptions cuda{SPARSYNC_FAKE_CUDART, true, "", nullptr};
-    cuda.keep_on_device = [](const negotiation::TensorMeta&) { return true; };
-    table_ = std::make_unique<TensorTable>(
-        World{0, 1, 1}, "",
-        [this](ReadyNotice n) {
-          std::lock_guard lock(mu_);
-          notices_.push_back(n);
-          changed_.notify_all();
-        },
-        [](const Status&) {}, std::move(cuda));
-    sparsync_hello hello{};
-    sparsync_hello_reply reply{};
-    table_->OnHello(session_, hello, &reply);
-    device_ = std::make_unique<DeviceSparse>(SPARSYNC_FAKE_SPARSIFY);
-    ASSERT_TRUE(device_->LoadExplicit().ok());
+    table_ = MakeTable(SPARSYNC_FAKE_CUDART, 1, "", true, [](const TensorMeta&) { return true; });
+    plugin_ = std::make_shared<SparsifyPlugin>(SPARSYNC_FAKE_SPARSIFY);
+    ASSERT_TRUE(plugin_->LoadExplicit().ok());
+    state_ = std::make_unique<TensorState>();
+    topk_ = std::make_unique<DeviceTopKPath>(TopKConfig(), plugin_, state_.get());
+    scratch_ = std::make_unique<DeviceTopKPath::TopKScratch>();
     reducer_ = MakeReducer(NonFinitePolicy::kError);
   }
 
   void TearDown() override {
-    scratch_.Clear();
-    device_.reset();
+    scratch_.reset();
+    state_.reset();  // the device residuals go with the node's store
+    topk_.reset();
+    plugin_.reset();
     EXPECT_EQ(fake_.Live("allocations"), allocations_before_ + static_cast<int>(tensors_.size()))
         << "the device path leaked device memory";
     CudaStagingTest::TearDown();
   }
 
+  // A top-k reducer sharing the node's store (`own_state`: one of its own, as a fresh node's).
   std::unique_ptr<SparseReducer> MakeReducer(NonFinitePolicy nonfinite,
-                                             ValueDType values = ValueDType::kFloat32) {
-    Config config;
-    config.compressor = Compressor::kTopK;
-    config.density = 0.01;
-    config.nonfinite = nonfinite;
-    config.value_dtype = values;
-    auto r = SparseReducer::Create(config, 0, 1, &transport_);
+                                             ValueDType values = ValueDType::kFloat32,
+                                             bool own_state = false) {
+    auto r = SparseReducer::Create(TopKConfig(nonfinite, values), 0, 1, &transport_,
+                                   own_state ? nullptr : state_.get());
     EXPECT_TRUE(r.ok());
     return r.ok() ? std::move(*r) : nullptr;
   }
+
+  // `members` as the executor forms their group (reduced with `reducer`; null: dense).
+  static Group MakeGroup(std::vector<GroupMember> members, SparseReducer* reducer,
+                         double divisor = 1.0) {
+    Group g;
+    g.seq = 1;
+    g.op = CollectiveOp::kGradient;
+    g.members = std::move(members);
+    for (const GroupMember& m : g.members) {
+      const size_t count = static_cast<size_t>(m.meta.NumElements());
+      g.slices.push_back({&m.meta.name, g.elements, count});
+      g.elements += count;
+    }
+    g.divisor = divisor;
+    g.reducer = reducer;
+    g.step = g.members.empty() ? 0 : g.members[0].parts[0].round;
+    g.group_id = 7;
+    return g;
+  }
+
+  // Stage A of the top-k path; a path that declines fails the test.
+  Status Select(Group& group) {
+    bool declined = false;
+    Status st = topk_->Prepare(group, *scratch_, &declined);
+    EXPECT_FALSE(declined);
+    return st;
+  }
+  Status Finish(Group& group) {
+    uint32_t tag = 0;
+    return topk_->Exchange(group, *scratch_, &tag);
+  }
+  // A host path's first step: residuals kept on the device come to the host.
+  Status MoveResidualsToHost(const Group& group) {
+    std::vector<float> unused(group.elements);
+    return state_->AddTo(TensorState::Kind::kResidual, group.slices, unused);
+  }
+  PreparedGroup& prepared() { return scratch_->prepared; }
 
   // A round of `t` up to Resolve, with the worker's buffer holding `values`.
   std::vector<GroupMember> Round(DeviceTensor* t, uint64_t round,
@@ -100,41 +145,38 @@ class DeviceSparseTest : public CudaStagingTest {
   }
 
   const std::string name_ = "fc.weight";
-  std::vector<GroupSlice> slices_{{&name_, 0, 1000}};  // its group: the tensor alone
   transport::LoopbackTransport transport_{std::make_shared<transport::LoopbackHub>(1), 0};
-  std::shared_ptr<DeviceSparse> device_;
+  std::shared_ptr<SparsifyPlugin> plugin_;
+  std::unique_ptr<TensorState> state_;
+  std::unique_ptr<DeviceTopKPath> topk_;
+  std::unique_ptr<DeviceTopKPath::TopKScratch> scratch_;
   std::unique_ptr<SparseReducer> reducer_;
-  DeviceSparse::Scratch scratch_;
-  PreparedGroup prepared_;
   int allocations_before_ = 0;
 };
 
-TEST_F(DeviceSparseTest, OnlyTheSelectedPairsCrossToTheHost) {
+TEST_F(DeviceTopKTest, OnlyTheSelectedPairsCrossToTheHost) {
   DeviceTensor* t = RegisterWeight(256, 8192);
   fake_.TakeJournal();
-  std::vector<GroupMember> members = Round(t, 1, Ramp(1000));
-  ASSERT_EQ(members.size(), 1u);
-  EXPECT_TRUE(members[0].on_device);
+  Group group = MakeGroup(Round(t, 1, Ramp(1000)), reducer_.get());
+  ASSERT_EQ(group.members.size(), 1u);
+  EXPECT_EQ(group.members[0].sum, NodeSum::kDeviceZero);
   std::string journal = fake_.TakeJournal();
   EXPECT_EQ(journal.find("D2H"), std::string::npos) << "the sum was staged: " << journal;
 
-  bool fall_back = true;
-  Status st = device_->Select(members, slices_, reducer_.get(), &scratch_, &prepared_, &fall_back);
+  EXPECT_TRUE(topk_->Takes(group)) << "a top-k group on one GPU takes the device path";
+  Status st = Select(group);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_FALSE(fall_back);
-  ASSERT_EQ(prepared_.indices.size(), 10u);  // density 0.01
-  for (int j = 0; j < 10; ++j) EXPECT_EQ(prepared_.indices[j], 990 + j);
+  ASSERT_EQ(prepared().indices.size(), 10u);  // density 0.01
+  for (int j = 0; j < 10; ++j) EXPECT_EQ(prepared().indices[j], 990 + j);
   journal = fake_.TakeJournal();
   EXPECT_NE(journal.find("wait " + Id(t->ready) + "\nD2D 4000\nmemset 4000\n"), std::string::npos)
       << journal;
   EXPECT_NE(journal.find("D2H 40\nD2H 40\nsync\n"), std::string::npos) << journal;
   EXPECT_EQ(journal.find("D2H 4000"), std::string::npos) << journal;
 
-  uint32_t tag = 0;
-  st = device_->Finish(members, slices_, reducer_.get(), &scratch_, prepared_, 1.0, &tag);
+  st = Finish(group);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_TRUE(members[0].result_on_device);
-  DeliverResult(members[0]);
+  topk_->Deliver(group.members[0], group, *scratch_);
   EXPECT_EQ(ReceiveDone().status, SPARSYNC_OK);
   journal = fake_.TakeJournal();
   EXPECT_EQ(journal.find("H2D 4000"), std::string::npos) << journal;
@@ -147,35 +189,31 @@ TEST_F(DeviceSparseTest, OnlyTheSelectedPairsCrossToTheHost) {
   for (size_t b = 0; b < 256; ++b) ASSERT_EQ(bytes[b], kGuard) << b;
   for (size_t b = 256 + 4000; b < bytes.size(); ++b) ASSERT_EQ(bytes[b], kGuard) << b;
   // What was not sent stays on the device, as the residual.
-  EXPECT_EQ(device_->residual_bytes(), 4000u);
+  EXPECT_EQ(state_->device_bytes(), 4000u);
   EXPECT_TRUE(reducer_->state().Get(TensorState::Kind::kResidual, name_).empty());
-  table_->Finish(members);
+  table_->Finish(group.members);
 
   // Once the tensor is gone, its residual goes too.
   const int allocations = fake_.Live("allocations");
-  device_->Forget("another.tensor");
-  EXPECT_EQ(device_->residual_bytes(), 4000u);
-  device_->Forget(name_);
-  EXPECT_EQ(device_->residual_bytes(), 0u);
+  state_->Forget("another.tensor");
+  EXPECT_EQ(state_->device_bytes(), 4000u);
+  state_->Forget(name_);
+  EXPECT_EQ(state_->device_bytes(), 0u);
   EXPECT_EQ(fake_.Live("allocations"), allocations - 1);
 }
 
-TEST_F(DeviceSparseTest, ResidualsFollowATensorToTheHostAndBack) {
+TEST_F(DeviceTopKTest, ResidualsFollowATensorToTheHostAndBack) {
   DeviceTensor* t = RegisterWeight();
-  bool fall_back = true;
-  uint32_t tag = 0;
-  std::vector<GroupMember> members = Round(t, 1, Ramp(1000));
-  ASSERT_TRUE(
-      device_->Select(members, slices_, reducer_.get(), &scratch_, &prepared_, &fall_back).ok());
-  ASSERT_TRUE(
-      device_->Finish(members, slices_, reducer_.get(), &scratch_, prepared_, 1.0, &tag).ok());
-  DeliverResult(members[0]);
+  Group group = MakeGroup(Round(t, 1, Ramp(1000)), reducer_.get());
+  ASSERT_TRUE(Select(group).ok());
+  ASSERT_TRUE(Finish(group).ok());
+  topk_->Deliver(group.members[0], group, *scratch_);
   ReceiveDone();
-  table_->Finish(members);
+  table_->Finish(group.members);
 
   // Its group goes through the host: the residual goes along, exactly.
-  ASSERT_TRUE(device_->MoveResidualsToHost(slices_, reducer_.get()).ok());
-  EXPECT_EQ(device_->residual_bytes(), 0u);
+  ASSERT_TRUE(MoveResidualsToHost(group).ok());
+  EXPECT_EQ(state_->device_bytes(), 0u);
   std::span<const float> host = reducer_->state().Get(TensorState::Kind::kResidual, name_);
   ASSERT_EQ(host.size(), 1000u);
   for (size_t i = 0; i < 1000; ++i) {
@@ -183,48 +221,42 @@ TEST_F(DeviceSparseTest, ResidualsFollowATensorToTheHostAndBack) {
   }
 
   // And back: the next selection on the device adds it (top-k of 2 * ramp below 990).
-  members = Round(t, 2, Ramp(1000));
+  group = MakeGroup(Round(t, 2, Ramp(1000)), reducer_.get());
   fake_.TakeJournal();
-  ASSERT_TRUE(
-      device_->Select(members, slices_, reducer_.get(), &scratch_, &prepared_, &fall_back).ok());
+  ASSERT_TRUE(Select(group).ok());
   EXPECT_NE(fake_.TakeJournal().find("H2D 4000"), std::string::npos);
   EXPECT_TRUE(reducer_->state().Get(TensorState::Kind::kResidual, name_).empty());
-  ASSERT_EQ(prepared_.indices.size(), 10u);
+  ASSERT_EQ(prepared().indices.size(), 10u);
   for (int j = 0; j < 10; ++j) {
-    EXPECT_EQ(prepared_.indices[j], 980 + j);
-    EXPECT_EQ(prepared_.values[j], static_cast<float>(980 + j));
+    EXPECT_EQ(prepared().indices[j], 980 + j);
+    EXPECT_EQ(prepared().values[j], static_cast<float>(980 + j));
   }
-  ASSERT_TRUE(
-      device_->Finish(members, slices_, reducer_.get(), &scratch_, prepared_, 1.0, &tag).ok());
-  DeliverResult(members[0]);
+  ASSERT_TRUE(Finish(group).ok());
+  topk_->Deliver(group.members[0], group, *scratch_);
   ReceiveDone();
-  table_->Finish(members);
+  table_->Finish(group.members);
 }
 
-TEST_F(DeviceSparseTest, Float16ValuesLeaveTheirRoundingInTheResidualAsOnTheHost) {
+TEST_F(DeviceTopKTest, Float16ValuesLeaveTheirRoundingInTheResidualAsOnTheHost) {
   DeviceTensor* t = RegisterWeight();
   std::vector<float> grad(1000);
   for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i) * 0.37f + 0.001f;
   auto halves = MakeReducer(NonFinitePolicy::kError, ValueDType::kFloat16);
-  bool fall_back = true;
   uint32_t tag = 0;
-  std::vector<GroupMember> members = Round(t, 1, grad);
-  ASSERT_TRUE(
-      device_->Select(members, slices_, halves.get(), &scratch_, &prepared_, &fall_back).ok());
-  ASSERT_FALSE(fall_back);
-  ASSERT_TRUE(
-      device_->Finish(members, slices_, halves.get(), &scratch_, prepared_, 1.0, &tag).ok());
+  Group group = MakeGroup(Round(t, 1, grad), halves.get());
+  ASSERT_TRUE(Select(group).ok());
+  ASSERT_TRUE(Finish(group).ok());
   const std::vector<float> on_device = TensorValues(t);
-  ASSERT_TRUE(device_->MoveResidualsToHost(slices_, halves.get()).ok());
-  DeliverResult(members[0]);
+  ASSERT_TRUE(MoveResidualsToHost(group).ok());
+  topk_->Deliver(group.members[0], group, *scratch_);
   ReceiveDone();
-  table_->Finish(members);
+  table_->Finish(group.members);
 
-  // The same step on the host, from scratch.
-  auto host = MakeReducer(NonFinitePolicy::kError, ValueDType::kFloat16);
-  std::vector<float> group = grad;
-  ASSERT_TRUE(host->Reduce(slices_, group, 1, 7, 1.0, &tag).ok());
-  for (size_t i = 0; i < 1000; ++i) ASSERT_TRUE(on_device[i] == group[i]) << i;
+  // The same step on the host, from scratch (a node of its own).
+  auto host = MakeReducer(NonFinitePolicy::kError, ValueDType::kFloat16, /*own_state=*/true);
+  std::vector<float> values = grad;
+  ASSERT_TRUE(host->Reduce(group.slices, values, 1, 7, 1.0, &tag).ok());
+  for (size_t i = 0; i < 1000; ++i) ASSERT_TRUE(on_device[i] == values[i]) << i;
   std::span<const float> expected = host->state().Get(TensorState::Kind::kResidual, name_);
   std::span<const float> kept = halves->state().Get(TensorState::Kind::kResidual, name_);
   ASSERT_EQ(kept.size(), expected.size());
@@ -236,13 +268,12 @@ TEST_F(DeviceSparseTest, Float16ValuesLeaveTheirRoundingInTheResidualAsOnTheHost
   EXPECT_GT(rounded, 0) << "no selected value was rounded: the test checks nothing";
 }
 
-TEST_F(DeviceSparseTest, ANonFiniteGradientFollowsThePolicy) {
+TEST_F(DeviceTopKTest, ANonFiniteGradientFollowsThePolicy) {
   DeviceTensor* t = RegisterWeight();
   std::vector<float> grad = Ramp(1000);
   grad[321] = std::numeric_limits<float>::quiet_NaN();
-  bool fall_back = true;
-  std::vector<GroupMember> members = Round(t, 1, grad);
-  Status st = device_->Select(members, slices_, reducer_.get(), &scratch_, &prepared_, &fall_back);
+  Group group = MakeGroup(Round(t, 1, grad), reducer_.get());
+  Status st = Select(group);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("tensor 'fc.weight' holds a non-finite gradient (nan)"),
             std::string::npos)
@@ -252,22 +283,21 @@ TEST_F(DeviceSparseTest, ANonFiniteGradientFollowsThePolicy) {
   // one it brings from the host) is kept as it was.
   auto skipping = MakeReducer(NonFinitePolicy::kSkip);
   const std::vector<float> before = Ramp(1000);
-  skipping->AddResidual(name_, before);
-  st = device_->Select(members, slices_, skipping.get(), &scratch_, &prepared_, &fall_back);
+  state_->Store(TensorState::Kind::kResidual, group.slices, before);
+  group.reducer = skipping.get();
+  st = Select(group);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_FALSE(prepared_.finite);
-  uint32_t tag = 0;
-  ASSERT_TRUE(
-      device_->Finish(members, slices_, skipping.get(), &scratch_, prepared_, 1.0, &tag).ok());
+  EXPECT_FALSE(prepared().finite);
+  ASSERT_TRUE(Finish(group).ok());
   for (float v : TensorValues(t)) ASSERT_EQ(v, 0.0f);
-  EXPECT_EQ(device_->residual_bytes(), 4000u);
-  ASSERT_TRUE(device_->MoveResidualsToHost(slices_, skipping.get()).ok());
+  EXPECT_EQ(state_->device_bytes(), 4000u);
+  ASSERT_TRUE(MoveResidualsToHost(group).ok());
   std::span<const float> kept = skipping->state().Get(TensorState::Kind::kResidual, name_);
   ASSERT_EQ(kept.size(), 1000u);
   for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(kept[i], before[i]) << i;
-  DeliverResult(members[0]);
+  topk_->Deliver(group.members[0], group, *scratch_);
   ReceiveDone();
-  table_->Finish(members);
+  table_->Finish(group.members);
 }
 
 // ---- Dense groups on a transport that takes device memory ----
@@ -306,7 +336,7 @@ class PeerOnDevice : public transport::LoopbackTransport {
   std::vector<float> peer_;
 };
 
-class DeviceDenseTest : public DeviceSparseTest {
+class DeviceDenseTest : public DeviceTopKTest {
  protected:
   // Both tensors' round 1 posted with `weight` and `bias` in their buffers, and bound to slots
   // 7 and 8; the schedule entry that reduces them together.
@@ -318,12 +348,10 @@ class DeviceDenseTest : public DeviceSparseTest {
     EXPECT_TRUE(Ready(w, 1).ok());
     EXPECT_TRUE(Ready(b, 1).ok());
     EXPECT_EQ(WaitNotices(2), 2u);
-    table_->BindSlot(name_, 7);
-    table_->BindSlot("fc.bias", 8);
     negotiation::ScheduleEntry entry;
     entry.seq = 1;
-    entry.group.push_back({7, {}});
-    entry.group.push_back({8, {}});
+    entry.group.push_back({7, {}, name_});
+    entry.group.push_back({8, {}, "fc.bias"});
     return entry;
   }
 
@@ -334,20 +362,27 @@ class DeviceDenseTest : public DeviceSparseTest {
     EXPECT_EQ(fake_.EventRecord(t->ready, nullptr), 0);
   }
 
-  // Runs `entry` through an executor of one node on `transport`; returns the first failure.
+  // The dense device path on `transport`, as the daemon builds it.
+  std::unique_ptr<DeviceDensePath> DensePath(transport::Transport* transport) {
+    Config dense;
+    dense.compressor = Compressor::kNone;
+    return std::make_unique<DeviceDensePath>(dense, plugin_, transport);
+  }
+
+  // Runs `entry` through an executor of one node on `transport` with the daemon's paths for
+  // compressor none; returns the job's failure.
   Status Execute(const negotiation::ScheduleEntry& entry, transport::Transport* transport) {
-    ExecutorOptions options;
-    options.device_sparse = device_;
-    Status failed;
-    Executor executor(
-        World{0, 1, 1}, table_.get(), transport,
+    std::vector<std::unique_ptr<pipeline::ReducePath>> paths;
+    paths.push_back(DensePath(transport));
+    for (auto& p : pipeline::HostPaths(pipeline::World{0, 1, 1}, transport)) {
+      paths.push_back(std::move(p));
+    }
+    pipeline::Executor executor(
+        pipeline::World{0, 1, 1}, &table_->table, transport,
         [](std::chrono::milliseconds) { return std::vector<negotiation::ScheduleEntry>{}; },
-        [&failed](const Status& s) {
-          if (failed.ok()) failed = s;
-        },
-        std::chrono::milliseconds(1000), nullptr, options);
+        &table_->failure, nullptr, std::move(paths));
     executor.Execute(entry);
-    return failed;
+    return table_->failure.status();
   }
 
   static std::vector<float> Seq(size_t n, float first, float step) {
@@ -401,29 +436,31 @@ TEST_F(DeviceDenseTest, AGroupIsReducedInDeviceMemoryWithoutCrossingPcie) {
 TEST_F(DeviceDenseTest, ALoneTensorIsAveragedInItsOwnBufferAsTheHostWould) {
   DeviceTensor* t = RegisterWeight();
   const std::vector<float> peer = Seq(1000, -3.0f, 0.37f);
-  std::vector<GroupMember> members = Round(t, 1, Seq(1000, 0.1f, 0.013f));
+  Group group = MakeGroup(Round(t, 1, Seq(1000, 0.1f, 0.013f)), nullptr, /*divisor=*/3.0);
   PeerOnDevice transport(peer);
-  ASSERT_TRUE(DeviceSparse::TakesDense(members, transport));
+  std::unique_ptr<DeviceDensePath> dense = DensePath(&transport);
+  ASSERT_TRUE(dense->Takes(group));
   fake_.TakeJournal();
 
-  bool fall_back = true;
-  Status st = device_->PrepareDense(members, slices_, &scratch_, &fall_back);
+  std::unique_ptr<pipeline::ReducePath::Scratch> scratch = dense->NewScratch();
+  bool declined = false;
+  Status st = dense->Prepare(group, *scratch, &declined);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_FALSE(fall_back);
+  EXPECT_FALSE(declined);
   EXPECT_EQ(fake_.TakeJournal(), "wait " + Id(t->ready) + "\nsync\n");  // no copy at all
   uint32_t tag = 0;
-  st = device_->FinishDense(members, slices_, &scratch_, &transport, 3.0, &tag);
+  st = dense->Exchange(group, *scratch, &tag);
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(tag, 1u);
-  EXPECT_TRUE(members[0].result_on_device);
-  DeliverResult(members[0]);
+  EXPECT_EQ(transport.host_calls, 0) << "the result stays on the device";
+  dense->Deliver(group.members[0], group, *scratch);
   EXPECT_EQ(ReceiveDone().status, SPARSYNC_OK);
-  table_->Finish(members);
+  table_->Finish(group.members);
 
   // The host path's arithmetic: the sum, then DivideInPlace.
   std::vector<float> expected = Seq(1000, 0.1f, 0.013f);
   for (size_t i = 0; i < 1000; ++i) expected[i] += peer[i];
-  DivideInPlace(expected.data(), expected.size(), 3.0, SPARSYNC_FLOAT32);
+  pipeline::DivideInPlace(expected.data(), expected.size(), 3.0, DType::kFloat32);
   const std::vector<float> got = TensorValues(t);
   for (size_t i = 0; i < 1000; ++i) {
     ASSERT_EQ(std::memcmp(&got[i], &expected[i], 4), 0) << i << ": " << got[i] << " vs "
@@ -436,17 +473,17 @@ TEST_F(DeviceDenseTest, OnlyATransportOnTheTensorsGpuTakesTheGroup) {
   std::vector<GroupMember> members = Round(t, 1, Ramp(1000));
   PeerOnDevice other_gpu({});
   other_gpu.device = 0;
-  EXPECT_FALSE(DeviceSparse::TakesDense(members, other_gpu));
-  EXPECT_FALSE(DeviceSparse::TakesDense(members, transport_));  // host memory only
+  EXPECT_FALSE(DensePath(&other_gpu)->Takes(MakeGroup(members, nullptr)));
+  EXPECT_FALSE(DensePath(&transport_)->Takes(MakeGroup(members, nullptr)));  // host memory only
   std::vector<GroupMember> doubles = members;
-  doubles[0].meta.dtype = SPARSYNC_FLOAT64;
+  doubles[0].meta.dtype = DType::kFloat64;
   PeerOnDevice same_gpu({});
-  EXPECT_FALSE(DeviceSparse::TakesDense(doubles, same_gpu));
+  EXPECT_FALSE(DensePath(&same_gpu)->Takes(MakeGroup(doubles, nullptr)));
   std::vector<GroupMember> staged = members;
-  staged[0].on_device = false;
-  EXPECT_FALSE(DeviceSparse::TakesDense(staged, same_gpu));
-  EXPECT_TRUE(DeviceSparse::TakesDense(members, same_gpu));
-  DeliverResult(members[0]);
+  staged[0].sum = NodeSum::kRegions;
+  EXPECT_FALSE(DensePath(&same_gpu)->Takes(MakeGroup(staged, nullptr)));
+  EXPECT_TRUE(DensePath(&same_gpu)->Takes(MakeGroup(members, nullptr)));
+  pipeline::DeliverFromDevice(members[0]);
   ReceiveDone();
   table_->Finish(members);
 }
@@ -489,4 +526,4 @@ TEST_F(DeviceDenseTest, ATransportFailureFailsTheGroup) {
 }
 
 }  // namespace
-}  // namespace sparsync::pipeline
+}  // namespace sparsync::device

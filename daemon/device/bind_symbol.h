@@ -6,7 +6,7 @@
 
 #include <string>
 
-namespace sparsync::intake {
+namespace sparsync::device {
 
 // Binds `*fn` to `symbol` of `handle`; false (and the symbol in *missing) when the library lacks
 // it.
@@ -17,4 +17,4 @@ bool BindSymbol(void* handle, const char* symbol, F* fn, std::string* missing) {
   return *fn != nullptr;
 }
 
-}  // namespace sparsync::intake
+}  // namespace sparsync::device

@@ -1,0 +1,186 @@
+#include "daemon/intake/worker_handler.h"
+
+#include <spdlog/spdlog.h>
+
+#include "daemon/intake/codec.h"
+#include "daemon/intake/done.h"
+
+namespace sparsync::intake {
+
+WorkerHandler::WorkerHandler(pipeline::World world, std::string job_token, JobFailure* failure,
+                             pipeline::TensorTable* table, device::DeviceIntake* device,
+                             ReportFn report)
+    : world_(world),
+      job_token_(std::move(job_token)),
+      failure_(failure),
+      table_(table),
+      device_(device),
+      report_(std::move(report)),
+      workers_(world.local_size) {}
+
+void WorkerHandler::OnHello(const std::shared_ptr<WorkerSession>& session,
+                            const sparsync_hello& hello, sparsync_hello_reply* reply) {
+  auto refuse = [&](int32_t code, const std::string& why) {
+    reply->status = code;
+    CopyMessage(reply->message, why);
+  };
+  if (Status failed = failure_->status(); !failed.ok()) {
+    // The daemons stay failed: a new run needs new daemons (sparsyncrun starts them per job).
+    return refuse(WireStatus(failed), "the job has failed: " + failed.message() +
+                                          " (restart the daemons to run again)");
+  }
+  // Compared in constant time: how much of the token matched must not show in the timing.
+  std::string token(hello.job_token, hello.token_len);
+  bool token_ok = token.size() == job_token_.size();
+  unsigned char diff = 0;
+  for (size_t i = 0; token_ok && i < token.size(); ++i) diff |= token[i] ^ job_token_[i];
+  if (!token_ok || diff) {
+    return refuse(SPARSYNC_ERR_PERMISSION,
+                  "wrong SPARSYNC_JOB_TOKEN: the worker's token differs from the daemon's");
+  }
+  if (hello.local_rank >= static_cast<uint32_t>(world_.local_size)) {
+    return refuse(SPARSYNC_ERR_INVALID, "SPARSYNC_LOCAL_RANK=" + std::to_string(hello.local_rank) +
+                                            " but this daemon serves " +
+                                            std::to_string(world_.local_size) +
+                                            " worker(s) (SPARSYNC_LOCAL_SIZE)");
+  }
+  if (auto other = workers_[hello.local_rank].lock()) {
+    return refuse(SPARSYNC_ERR_INVALID, "local rank " + std::to_string(hello.local_rank) +
+                                            " is already connected (pid " +
+                                            std::to_string(other->pid) + ")");
+  }
+  session->greeted = true;
+  session->local_rank = hello.local_rank;
+  session->pid = hello.pid;
+  workers_[hello.local_rank] = session;
+  reply->status = SPARSYNC_OK;
+  reply->node_rank = world_.node_rank;
+  reply->num_nodes = world_.num_nodes;
+  reply->local_rank = hello.local_rank;
+  reply->local_size = world_.local_size;
+  reply->rank = world_.node_rank * world_.local_size + hello.local_rank;
+  reply->size = world_.size();
+  spdlog::info("{} connected (global rank {})", session->Describe(world_.node_rank), reply->rank);
+}
+
+void WorkerHandler::OnRegister(const std::shared_ptr<WorkerSession>& session,
+                               const sparsync_register_msg& msg, sparsync_register_reply* reply,
+                               std::shared_ptr<SharedRegion>* region) {
+  auto refuse = [&](const Status& st) {
+    reply->status = WireStatus(st);
+    CopyMessage(reply->message, st.message());
+  };
+  auto meta = MetaOf(msg);
+  if (!meta.ok()) return refuse(meta.status());
+  if (meta->op == CollectiveOp::kBroadcast && meta->root_rank >= world_.size()) {
+    return refuse(InvalidArgument("broadcast of '" + meta->name + "' from root rank " +
+                                  std::to_string(meta->root_rank) + " but the job has " +
+                                  std::to_string(world_.size()) + " workers"));
+  }
+  auto created = SharedRegion::Create(meta->name, meta->Bytes());
+  if (!created.ok()) return refuse(created.status());
+  // A CUDA tensor's buffer and events are opened first; if the registration is refused they
+  // are closed again when `cuda` goes.
+  std::shared_ptr<device::CudaTensor> cuda;
+  if (msg.memory == SPARSYNC_MEMORY_CUDA) {
+    if (device_ == nullptr) {
+      return refuse(Unavailable("tensor '" + meta->name + "' is on a CUDA device but this "
+                                "daemon takes host tensors only"));
+    }
+    auto attached = device_->Attach(msg, *created, meta->Bytes(), reply->cuda_done_event);
+    if (!attached.ok()) return refuse(attached.status());
+    cuda = *attached;
+  }
+  if (Status failed = failure_->status(); !failed.ok()) return refuse(failed);
+  Status st = table_->Register(session, msg.tensor_id, *meta, *created, cuda);
+  if (!st.ok()) {
+    refuse(st);
+    // Workers of one node disagree: the job cannot go on, so every worker of every node hears
+    // it now rather than at the timeout.
+    if (st.code() == StatusCode::kMismatch) failure_->Fail(st, JobFailure::Source::kLocal);
+    return;
+  }
+  *region = *created;
+  reply->status = SPARSYNC_OK;
+  reply->region_bytes = meta->Bytes();
+}
+
+Status WorkerHandler::OnReady(const std::shared_ptr<WorkerSession>& session,
+                              const sparsync_ready& msg) {
+  SPARSYNC_ASSIGN_OR_RETURN(pipeline::TensorTable::Posted posted,
+                            table_->Post(session, msg.tensor_id, msg.round));
+  if (posted.refused) {
+    const pipeline::WorkerPart& part = *posted.refused;
+    (void)SendDone(*part.session, part.tensor_id, part.round, failure_->status());
+  }
+  if (!posted.ready) return Status::Ok();
+  pipeline::ReadyRound& ready = *posted.ready;
+  if (ready.cuda_parts.empty()) {
+    report_(std::move(ready.report));
+    return Status::Ok();
+  }
+  std::vector<std::shared_ptr<device::CudaTensor>> cuda;
+  for (const pipeline::WorkerPart& part : ready.cuda_parts) cuda.push_back(part.cuda);
+  const TensorMeta meta = ready.report.meta;
+  device_->FormNodeSum(
+      meta, std::move(cuda),
+      [this, name = meta.name, generation = ready.generation,
+       report = std::move(ready.report)](const Status& st, device::NodeSumOnDevice where) mutable {
+        OnNodeSum(name, generation, std::move(report), st, std::move(where));
+      });
+  return Status::Ok();
+}
+
+void WorkerHandler::OnNodeSum(const std::string& name, uint64_t generation,
+                              negotiation::ReadyTensor report, const Status& st,
+                              device::NodeSumOnDevice where) {
+  const pipeline::NodeSum sum = where.on_device ? pipeline::NodeSum::kDeviceZero
+                                : where.clique  ? pipeline::NodeSum::kRegionZero
+                                                : pipeline::NodeSum::kRegions;
+  if (!table_->SetNodeSum(name, generation, sum, std::move(where.clique))) {
+    return;  // failed meanwhile: every worker has its DONE already
+  }
+  if (!st.ok()) {
+    // This node cannot contribute the tensor: every node hears why now, not at the timeout.
+    failure_->Fail(Aborted("node " + std::to_string(world_.node_rank) + ": " + st.message()),
+                   JobFailure::Source::kLocal);
+    return;
+  }
+  report_(std::move(report));
+}
+
+Status WorkerHandler::OnUnregister(const std::shared_ptr<WorkerSession>& session,
+                                   const sparsync_unregister_msg& msg) {
+  return table_->Unregister(session, msg.tensor_id);
+}
+
+void WorkerHandler::OnDisconnect(const std::shared_ptr<WorkerSession>& session,
+                                 const Status& reason) {
+  const pipeline::TensorTable::Departure left = table_->Leave(session);
+  if (workers_[session->local_rank].lock() == session) workers_[session->local_rank].reset();
+  if (reason.ok() && !left.had_posted) {
+    spdlog::info("{} said goodbye", session->Describe(world_.node_rank));
+    return;
+  }
+  if (!reason.ok() && !left.had_tensors && !left.had_posted) return;  // never took part
+  const std::string who = session->Describe(world_.node_rank);
+  Status error = reason.ok() ? Aborted(who + " left with collectives in flight")
+                 : reason.message().find(who) != std::string::npos
+                     ? Aborted(reason.message())
+                     : Aborted(who + ": " + reason.message());
+  failure_->Fail(error, JobFailure::Source::kLocal);
+}
+
+void WorkerHandler::OnFailure(const Status& error, JobFailure::Source source) {
+  const std::vector<pipeline::WorkerPart> waiting = table_->FailPending();
+  if (!waiting.empty()) {
+    spdlog::error("failing {} pending collective(s): {}", waiting.size(), error.message());
+  } else if (source != JobFailure::Source::kShutdown) {
+    spdlog::warn("job failed: {}", error.message());
+  }
+  for (const pipeline::WorkerPart& part : waiting) {
+    (void)SendDone(*part.session, part.tensor_id, part.round, error);
+  }
+}
+
+}  // namespace sparsync::intake

@@ -1,0 +1,63 @@
+// WorkerHandler: the daemon's side of the intake protocol (proto/intake/wire.h), behind the
+// control socket (server.h). It authenticates workers (HELLO: job token, local rank), registers
+// their tensors (REGISTER: a memfd region each, and for CUDA tensors the device buffer), turns
+// READY into rounds of the tensor table and reports the locally ready ones to the coordinator
+// (after the node's sum of CUDA tensors is formed, device/device_intake.h), and turns a worker
+// that leaves mid-collective into a job failure.
+//
+// It observes the node's JobFailure (OnFailure): every collective a worker waits for is answered
+// with the error, and every later HELLO, REGISTER and READY is refused with it. The results of
+// collectives go back through pipeline/delivery.h.
+//
+// Thread-safety: the IntakeHandler calls come from the intake thread only; OnFailure and the
+// staging callbacks may come from any thread and touch only the table (thread-safe).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/common/job_failure.h"
+#include "daemon/device/device_intake.h"
+#include "daemon/intake/server.h"
+#include "daemon/pipeline/tensor_table.h"
+
+namespace sparsync::intake {
+
+class WorkerHandler : public IntakeHandler {
+ public:
+  using ReportFn = std::function<void(negotiation::ReadyTensor)>;
+
+  // Everything outlives the handler. `device` may be null: CUDA tensors are refused.
+  WorkerHandler(pipeline::World world, std::string job_token, JobFailure* failure,
+                pipeline::TensorTable* table, device::DeviceIntake* device, ReportFn report);
+
+  // IntakeHandler
+  void OnHello(const std::shared_ptr<WorkerSession>& session, const sparsync_hello& hello,
+               sparsync_hello_reply* reply) override;
+  void OnRegister(const std::shared_ptr<WorkerSession>& session, const sparsync_register_msg& msg,
+                  sparsync_register_reply* reply, std::shared_ptr<SharedRegion>* region) override;
+  Status OnReady(const std::shared_ptr<WorkerSession>& session, const sparsync_ready& msg) override;
+  Status OnUnregister(const std::shared_ptr<WorkerSession>& session,
+                      const sparsync_unregister_msg& msg) override;
+  void OnDisconnect(const std::shared_ptr<WorkerSession>& session, const Status& reason) override;
+
+  // The JobFailure observer: answers every pending collective with `error`.
+  void OnFailure(const Status& error, JobFailure::Source source);
+
+ private:
+  // The node's sum of a round with CUDA parts is formed; report it unless it failed meanwhile.
+  void OnNodeSum(const std::string& name, uint64_t generation, negotiation::ReadyTensor report,
+                 const Status& st, device::NodeSumOnDevice where);
+
+  const pipeline::World world_;
+  const std::string job_token_;
+  JobFailure* const failure_;
+  pipeline::TensorTable* const table_;
+  device::DeviceIntake* const device_;
+  const ReportFn report_;
+  std::vector<std::weak_ptr<WorkerSession>> workers_;  // by local rank; intake thread only
+};
+
+}  // namespace sparsync::intake

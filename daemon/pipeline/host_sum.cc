@@ -1,0 +1,43 @@
+#include "daemon/pipeline/host_sum.h"
+
+#include "daemon/pipeline/dense_math.h"
+
+namespace sparsync::pipeline {
+
+Status StageToHost(Group& group) {
+  for (GroupMember& m : group.members) {
+    if (m.sum != NodeSum::kDeviceZero) continue;
+    m.sum = m.clique ? NodeSum::kRegionZero : NodeSum::kRegions;
+    SPARSYNC_RETURN_IF_ERROR(m.parts[0].cuda->CopyToHost());
+  }
+  return Status::Ok();
+}
+
+void SumMembers(const Group& group, std::vector<char>* fusion) {
+  const DType dtype = group.members.front().meta.dtype;
+  const size_t acc_size = transport::ElementSize(AccumulatorType(dtype));
+  if (fusion->size() < group.elements * acc_size) fusion->resize(group.elements * acc_size);
+  std::vector<const void*> inputs;
+  for (size_t i = 0; i < group.members.size(); ++i) {
+    const GroupMember& m = group.members[i];
+    inputs.clear();
+    // Parts summed on the node's GPUs arrive as one input.
+    for (size_t r = 0; r < m.num_inputs(); ++r) inputs.push_back(m.parts[r].region->data());
+    SumInto(fusion->data() + group.slices[i].offset * acc_size, inputs, group.slices[i].count,
+            dtype);
+  }
+}
+
+void WriteBackMembers(const Group& group, const char* acc, double divisor) {
+  const DType dtype = group.members.front().meta.dtype;
+  const size_t acc_size = transport::ElementSize(AccumulatorType(dtype));
+  for (size_t i = 0; i < group.members.size(); ++i) {
+    const GroupMember& m = group.members[i];
+    for (size_t r = 0; r < m.num_inputs(); ++r) {
+      WriteBack(acc + group.slices[i].offset * acc_size, group.slices[i].count, divisor,
+                m.parts[r].region->data(), dtype);
+    }
+  }
+}
+
+}  // namespace sparsync::pipeline

@@ -1,0 +1,23 @@
+// The host paths' common steps: bring a group's node sum to the host, sum the local workers'
+// regions into one accumulator buffer, and write a result back into the regions.
+#pragma once
+
+#include <vector>
+
+#include "daemon/pipeline/reduce_path.h"
+
+namespace sparsync::pipeline {
+
+// Copies the node's sum of every member left on the device (NodeSum::kDeviceZero) to parts[0]'s
+// region, as the staging thread would have. Blocks for the copies.
+Status StageToHost(Group& group);
+
+// The members' local sums side by side in `fusion`, in the accumulator type of the group's dtype
+// (dense_math.h); the buffer grows as needed and keeps its capacity.
+void SumMembers(const Group& group, std::vector<char>* fusion);
+
+// Writes `acc` (the group in the accumulator type) divided by `divisor` into every member's input
+// regions (GroupMember::num_inputs()), converted to the member's dtype.
+void WriteBackMembers(const Group& group, const char* acc, double divisor);
+
+}  // namespace sparsync::pipeline
