@@ -15,6 +15,7 @@
 #include "daemon/negotiation/node_agent.h"
 #include "daemon/pipeline/calibration.h"
 #include "daemon/pipeline/executor.h"
+#include "daemon/pipeline/host_paths.h"
 #include "daemon/pipeline/tensor_table.h"
 #include "daemon/transport/gloo/gloo_transport.h"
 #include "daemon/transport/nccl/create_nccl_transport.h"
@@ -126,16 +127,19 @@ Status Daemon::Start() {
   if (config_.device_sparsify) {
     auto plugin = std::make_shared<device::SparsifyPlugin>(config_.sparsify_library);
     SPARSYNC_RETURN_IF_ERROR(plugin->LoadExplicit());
-    auto topk = std::make_unique<device::DeviceTopKPath>(config_, plugin, &sparse_->state());
-    auto dense = std::make_unique<device::DeviceDensePath>(config_, plugin, transport_.get());
-    device_options.keep_on_device = [topk = topk.get(),
-                                     dense = dense.get()](const TensorMeta& meta) {
-      return topk->WantsOnDevice(meta) || dense->WantsOnDevice(meta);
-    };
-    paths.push_back(std::move(topk));
-    paths.push_back(std::move(dense));
+    paths.push_back(std::make_unique<device::DeviceTopKPath>(config_, plugin, &sparse_->state()));
+    paths.push_back(device::MakeDeviceDensePath(config_, plugin, transport_.get()));
   }
   for (auto& path : pipeline::HostPaths(world, transport_.get())) paths.push_back(std::move(path));
+  // A CUDA tensor's node sum stays on its GPU when a path wants tensors like it there.
+  std::vector<const pipeline::ReducePath*> all_paths;
+  for (const auto& path : paths) all_paths.push_back(path.get());
+  device_options.keep_on_device = [all_paths](const TensorMeta& meta) {
+    for (const pipeline::ReducePath* path : all_paths) {
+      if (path->KeepsOnDevice(meta)) return true;
+    }
+    return false;
+  };
 
   device_ = std::make_unique<device::DeviceIntake>(std::move(device_options));
   SPARSYNC_RETURN_IF_ERROR(device_->LoadExplicitLibraries());

@@ -1,33 +1,28 @@
 #include "daemon/common/tensor_meta.h"
 
+#include <iterator>
 #include <sstream>
 
 #include "proto/intake/wire.h"
 
 namespace sparsync {
 
-size_t DTypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: case DType::kInt32: return 4;
-    case DType::kFloat64: case DType::kInt64: return 8;
-    case DType::kFloat16: case DType::kBFloat16: return 2;
-    case DType::kUInt8: return 1;
-  }
-  return 0;
-}
+namespace {
 
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kUInt8: return "uint8";
-  }
-  return "?";
-}
+struct DTypeInfo {
+  const char* name;
+  size_t size;
+};
+// By DType, in its order.
+constexpr DTypeInfo kDTypes[] = {{"float32", 4}, {"float64", 8}, {"float16", 2}, {"bfloat16", 2},
+                                 {"int32", 4},   {"int64", 8},   {"uint8", 1}};
+static_assert(std::size(kDTypes) == static_cast<size_t>(DType::kUInt8) + 1);
+
+}  // namespace
+
+size_t DTypeSize(DType dtype) { return kDTypes[static_cast<size_t>(dtype)].size; }
+
+const char* DTypeName(DType dtype) { return kDTypes[static_cast<size_t>(dtype)].name; }
 
 const char* OpName(CollectiveOp op) {
   switch (op) {

@@ -12,33 +12,51 @@ namespace sparsync::device {
 using pipeline::GroupMember;
 
 namespace {
+
 constexpr int kAnnounced = 1;  // SparsifyPlugin::FirstTime
-}
 
-DeviceDensePath::DeviceDensePath(const Config& base, std::shared_ptr<SparsifyPlugin> plugin,
-                                 transport::Transport* transport)
-    : default_compressor_(base.compressor), plugin_(std::move(plugin)), transport_(transport) {}
+class DeviceDensePath final : public pipeline::ReducePath {
+ public:
+  DeviceDensePath(const Config& base, std::shared_ptr<SparsifyPlugin> plugin,
+                  transport::Transport* transport)
+      : ReducePath("device dense"),
+        default_compressor_(base.compressor),
+        plugin_(std::move(plugin)),
+        transport_(transport) {}
 
-bool DeviceDensePath::WantsOnDevice(const TensorMeta& meta) const {
-  if (transport_->cuda_device() < 0) return false;
-  const bool dense = meta.op == CollectiveOp::kAllReduce ||
-                     meta.compressor.value_or(default_compressor_) == Compressor::kNone;
-  return dense && plugin_->Available();
-}
-
-bool DeviceDensePath::Takes(const pipeline::Group& group) const {
-  if (!Reduces(group.op) || group.reducer != nullptr || transport_->cuda_device() < 0) {
-    return false;
+  bool Takes(const pipeline::Group& group) const override {
+    if (!Reduces(group.op) || group.reducer != nullptr || transport_->cuda_device() < 0) {
+      return false;
+    }
+    for (const GroupMember& m : group.members) {
+      if (m.meta.dtype != DType::kFloat32) return false;
+    }
+    return GroupDevice(group) == transport_->cuda_device();
   }
-  for (const GroupMember& m : group.members) {
-    if (m.meta.dtype != DType::kFloat32) return false;
-  }
-  return GroupDevice(group) == transport_->cuda_device();
-}
 
-std::unique_ptr<pipeline::ReducePath::Scratch> DeviceDensePath::NewScratch() const {
-  return std::make_unique<DeviceScratch>();
-}
+  bool KeepsOnDevice(const TensorMeta& meta) const override {
+    if (transport_->cuda_device() < 0) return false;
+    const bool dense = meta.op == CollectiveOp::kAllReduce ||
+                       meta.compressor.value_or(default_compressor_) == Compressor::kNone;
+    return dense && plugin_->Available();
+  }
+
+  std::unique_ptr<Scratch> NewScratch() const override {
+    return std::make_unique<DeviceScratch>();
+  }
+
+  Status Prepare(pipeline::Group& group, Scratch& scratch, bool* declined) override;
+  Status Exchange(pipeline::Group& group, Scratch& scratch, uint32_t* tag) override;
+
+  void Deliver(const GroupMember& member, pipeline::Group&, Scratch&) override {
+    pipeline::DeliverFromDevice(member);
+  }
+
+ private:
+  const Compressor default_compressor_;
+  const std::shared_ptr<SparsifyPlugin> plugin_;
+  transport::Transport* const transport_;
+};
 
 Status DeviceDensePath::Prepare(pipeline::Group& group, Scratch& scratch_base, bool* declined) {
   auto& scratch = static_cast<DeviceScratch&>(scratch_base);
@@ -115,8 +133,12 @@ Status DeviceDensePath::Exchange(pipeline::Group& group, Scratch& scratch_base, 
   return Status::Ok();
 }
 
-void DeviceDensePath::Deliver(const GroupMember& member, pipeline::Group&, Scratch&) {
-  pipeline::DeliverFromDevice(member);
+}  // namespace
+
+std::unique_ptr<pipeline::ReducePath> MakeDeviceDensePath(const Config& base,
+                                                          std::shared_ptr<SparsifyPlugin> plugin,
+                                                          transport::Transport* transport) {
+  return std::make_unique<DeviceDensePath>(base, std::move(plugin), transport);
 }
 
 }  // namespace sparsync::device

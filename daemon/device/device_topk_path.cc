@@ -32,7 +32,7 @@ int GroupDevice(const pipeline::Group& group) {
 
 DeviceTopKPath::DeviceTopKPath(const Config& base, std::shared_ptr<SparsifyPlugin> plugin,
                                pipeline::TensorState* state)
-    : plugin_(std::move(plugin)), state_(state) {
+    : ReducePath("device top-k"), plugin_(std::move(plugin)), state_(state) {
   // Worked out once, not for every gradient of every step (the density does not matter).
   for (int c = 0; c < kCompressorCount; ++c) {
     selects_here_[c] = pipeline::SelectsOnDevice(
@@ -41,7 +41,7 @@ DeviceTopKPath::DeviceTopKPath(const Config& base, std::shared_ptr<SparsifyPlugi
   selects_here_[kCompressorCount] = pipeline::SelectsOnDevice(base);
 }
 
-bool DeviceTopKPath::WantsOnDevice(const TensorMeta& meta) const {
+bool DeviceTopKPath::KeepsOnDevice(const TensorMeta& meta) const {
   if (meta.op != CollectiveOp::kGradient) return false;
   const size_t c = meta.compressor ? static_cast<size_t>(*meta.compressor) : kCompressorCount;
   return selects_here_[c] && plugin_->Available();

@@ -54,17 +54,14 @@ class DeviceTopKPath : public pipeline::ReducePath {
   DeviceTopKPath(const Config& base, std::shared_ptr<SparsifyPlugin> plugin,
                  pipeline::TensorState* state);
 
-  const char* name() const override { return "device top-k"; }
   bool Takes(const pipeline::Group& group) const override;
+  // Gradients whose compressor selects on the device, while the library is available.
+  bool KeepsOnDevice(const TensorMeta& meta) const override;
   std::unique_ptr<Scratch> NewScratch() const override;
   Status Prepare(pipeline::Group& group, Scratch& scratch, bool* declined) override;
   Status Exchange(pipeline::Group& group, Scratch& scratch, uint32_t* tag) override;
   void Deliver(const pipeline::GroupMember& member, pipeline::Group& group,
                Scratch& scratch) override;
-
-  // Whether a reduction like `meta` whose parts are on GPUs should keep its node sum there for
-  // this path (DeviceIntakeOptions::keep_on_device).
-  bool WantsOnDevice(const TensorMeta& meta) const;
 
  private:
   // `name`'s residual on `device`: the one kept there, or one brought from the host or another

@@ -4,10 +4,7 @@
 
 #include <algorithm>
 
-#include "daemon/pipeline/collective_paths.h"
 #include "daemon/pipeline/dense_math.h"
-#include "daemon/pipeline/host_dense_path.h"
-#include "daemon/pipeline/host_sparse_path.h"
 
 namespace sparsync::pipeline {
 
@@ -23,16 +20,6 @@ int64_t NowNs() {
 }
 
 }  // namespace
-
-std::vector<std::unique_ptr<ReducePath>> HostPaths(World world, transport::Transport* transport) {
-  std::vector<std::unique_ptr<ReducePath>> paths;
-  paths.push_back(std::make_unique<InPlacePath>(world, transport));
-  paths.push_back(std::make_unique<HostSparsePath>());
-  paths.push_back(std::make_unique<HostDensePath>(transport));
-  paths.push_back(std::make_unique<GatherPath>(world, transport));
-  paths.push_back(std::make_unique<BroadcastPath>(world, transport));
-  return paths;
-}
 
 // One schedule entry in flight: its group, the path executing it, and every path's scratch for
 // this slot (made at the path's first group here). Reused.

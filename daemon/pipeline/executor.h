@@ -65,10 +65,6 @@ struct ExecutorOptions {
   std::function<void(const GroupCost&)> on_group_cost;
 };
 
-// The host's paths, in the order they are offered a group: in place, host sparse, host dense,
-// allgather, broadcast. The device paths (daemon/device/) go before them.
-std::vector<std::unique_ptr<ReducePath>> HostPaths(World world, transport::Transport* transport);
-
 class Executor {
  public:
   using NextFn = std::function<std::vector<negotiation::ScheduleEntry>(std::chrono::milliseconds)>;

@@ -54,13 +54,18 @@ class ReducePath {
     virtual ~Scratch() = default;
   };
 
+  // `name` for logs: "host dense", "device top-k", ...
+  explicit ReducePath(const char* name) : name_(name) {}
   virtual ~ReducePath() = default;
-  // For logs: "host dense", "device top-k", ...
-  virtual const char* name() const = 0;
+  const char* name() const { return name_; }
+
   // Whether this path executes `group` with its data where it is now. Cheap; no side effects.
   virtual bool Takes(const Group& group) const = 0;
-  // A new slot's scratch (may be empty).
-  virtual std::unique_ptr<Scratch> NewScratch() const = 0;
+  // Whether a reduction like `meta` whose parts are all on GPUs should keep its node sum there,
+  // for this path to take it (device/device_intake.h asks every path at local readiness).
+  virtual bool KeepsOnDevice(const TensorMeta& meta) const { return false; }
+  // A new slot's scratch (by default one that holds nothing).
+  virtual std::unique_ptr<Scratch> NewScratch() const { return std::make_unique<Scratch>(); }
   // Stage A. `*declined` (with OK): the path cannot take the group after all (it could not get
   // its resources); nothing of the group has changed, and the executor offers it to the next
   // path. A non-OK status is this node's failure of the group.
@@ -69,6 +74,9 @@ class ReducePath {
   virtual Status Exchange(Group& group, Scratch& scratch, uint32_t* tag) = 0;
   // Stage B, after a successful Exchange, for a member of `group` whose round is still current.
   virtual void Deliver(const GroupMember& member, Group& group, Scratch& scratch) = 0;
+
+ private:
+  const char* const name_;
 };
 
 }  // namespace sparsync::pipeline

@@ -15,6 +15,7 @@
 #include "daemon/pipeline/delivery.h"
 #include "daemon/pipeline/dense_math.h"
 #include "daemon/pipeline/executor.h"
+#include "daemon/pipeline/host_paths.h"
 #include "daemon/transport/loopback/loopback_transport.h"
 #include "tests/unit/daemon/device/cuda_test_fixture.h"
 
@@ -363,10 +364,10 @@ class DeviceDenseTest : public DeviceTopKTest {
   }
 
   // The dense device path on `transport`, as the daemon builds it.
-  std::unique_ptr<DeviceDensePath> DensePath(transport::Transport* transport) {
+  std::unique_ptr<pipeline::ReducePath> DensePath(transport::Transport* transport) {
     Config dense;
     dense.compressor = Compressor::kNone;
-    return std::make_unique<DeviceDensePath>(dense, plugin_, transport);
+    return MakeDeviceDensePath(dense, plugin_, transport);
   }
 
   // Runs `entry` through an executor of one node on `transport` with the daemon's paths for
@@ -438,7 +439,7 @@ TEST_F(DeviceDenseTest, ALoneTensorIsAveragedInItsOwnBufferAsTheHostWould) {
   const std::vector<float> peer = Seq(1000, -3.0f, 0.37f);
   Group group = MakeGroup(Round(t, 1, Seq(1000, 0.1f, 0.013f)), nullptr, /*divisor=*/3.0);
   PeerOnDevice transport(peer);
-  std::unique_ptr<DeviceDensePath> dense = DensePath(&transport);
+  std::unique_ptr<pipeline::ReducePath> dense = DensePath(&transport);
   ASSERT_TRUE(dense->Takes(group));
   fake_.TakeJournal();
 

@@ -21,6 +21,7 @@
 #include "daemon/intake/codec.h"
 #include "daemon/intake/session.h"
 #include "daemon/intake/worker_handler.h"
+#include "daemon/pipeline/host_paths.h"
 #include "daemon/transport/loopback/loopback_transport.h"
 
 namespace sparsync::pipeline {
