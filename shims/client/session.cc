@@ -56,7 +56,13 @@ Status Session::Connect(const ConnectOptions& options, std::unique_ptr<Session>*
                       "`sparsyncd` using the same SPARSYNC_SOCKET, or run the job under "
                       "`sparsyncrun -np N <command>`");
   }
-  std::unique_ptr<Session> session(new Session(fd, options));
+  std::unique_ptr<Session> session;
+  try {
+    session.reset(new Session(fd, options));
+  } catch (...) {  // out of memory: the socket must not leak
+    CloseFd(fd);
+    throw;
+  }
   double left = std::chrono::duration<double>(deadline - Clock::now()).count();
   if (Status s = session->Handshake(left); !s.ok()) return s;
   *out = std::move(session);

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+# The wire format as the shim has it (sparsync/_wire.py), also when run outside pytest.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shims" / "python"))
-from sparsync import _wire as W  # noqa: E402  (the wire format, as the shim has it)
+from sparsync import _wire as W
 
 NP = {W.FLOAT32: np.float32, W.FLOAT64: np.float64, W.FLOAT16: np.float16, W.INT32: np.int32,
       W.INT64: np.int64, W.UINT8: np.uint8}
@@ -96,7 +97,7 @@ class FakeDaemon:
             data = b""
         if not data:
             return self.drop(w, "connection closed without GOODBYE")
-        magic, version, mtype, size, _ = W.HEADER.struct.unpack_from(data)
+        mtype = W.HEADER.struct.unpack_from(data)[2]
         if mtype == W.MSG_HELLO:
             lr, pid, tlen, _, token = W.HELLO.unpack(data)
             w.local_rank, w.pid = lr, pid

@@ -11,7 +11,6 @@ import ctypes
 import re
 
 import pytest
-
 from conftest import REPO
 
 from sparsync import _client
@@ -26,7 +25,7 @@ SCALARS = {"uint8_t": ctypes.c_uint8, "uint16_t": ctypes.c_uint16, "uint32_t": c
 
 
 def without_comments(text):
-    return re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", "", text, flags=re.S))
+    return re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL))
 
 
 class Header:
@@ -36,16 +35,16 @@ class Header:
     def __init__(self, path, included=None):
         self.text = without_comments(path.read_text())
         self.defines = {m[0]: int(m[1], 0) for m in re.findall(
-            r"^#define\s+SPARSYNC_(\w+)\s+(0x[0-9a-fA-F]+|\d+)u?\b", self.text, re.M)}
+            r"^#define\s+SPARSYNC_(\w+)\s+(0x[0-9a-fA-F]+|\d+)u?\b", self.text, re.MULTILINE)}
         self.enums = {}
         self.enum_types = set(included.enum_types) if included else set()
-        for name, body in re.findall(r"typedef enum (\w+) \{(.*?)\} \1;", self.text, re.S):
+        for name, body in re.findall(r"typedef enum (\w+) \{(.*?)\} \1;", self.text, re.DOTALL):
             self.enum_types.add(name)
             for key, value in re.findall(r"SPARSYNC_(\w+)\s*=\s*(\d+)", body):
                 self.enums[key] = int(value)
         self.structs = {}  # name -> ctypes.Structure with the C layout
         types = dict(included.structs) if included else {}
-        for name, body in re.findall(r"typedef struct (\w+) \{(.*?)\} \1;", self.text, re.S):
+        for name, body in re.findall(r"typedef struct (\w+) \{(.*?)\} \1;", self.text, re.DOTALL):
             fields = []
             for ctype, pointer, field, dim in re.findall(
                     r"(?:const\s+)?(\w+)\s*(\*?)\s*(\w+)(?:\[(\w+)\])?;", body):
@@ -65,7 +64,7 @@ class Header:
 
     def dtype_sizes(self):
         """{dtype value: bytes} from the switch of sparsync_dtype_size."""
-        body = re.search(r"sparsync_dtype_size\(.*?\{(.*?)\n\}", self.text, re.S).group(1)
+        body = re.search(r"sparsync_dtype_size\(.*?\{(.*?)\n\}", self.text, re.DOTALL).group(1)
         sizes = {}
         for cases, size in re.findall(r"((?:case SPARSYNC_\w+:\s*)+)return (\d+);", body):
             for name in re.findall(r"SPARSYNC_(\w+)", cases):
@@ -96,9 +95,9 @@ def test_every_define_and_enum_value_is_in_python(wire):
     c_values = {**wire.defines, **wire.enums}
     assert not set(wire.defines) & set(wire.enums)
     missing = sorted(k for k in c_values if not hasattr(W, k))
-    assert not missing, "in wire.h but not in sparsync/_wire.py: %s" % missing
+    assert not missing, f"in wire.h but not in sparsync/_wire.py: {missing}"
     wrong = {k: (v, getattr(W, k)) for k, v in c_values.items() if getattr(W, k) != v}
-    assert not wrong, "wire.h value, _wire.py value: %s" % wrong
+    assert not wrong, f"wire.h value, _wire.py value: {wrong}"
 
 
 def test_python_has_no_constant_that_wire_h_lacks(wire):

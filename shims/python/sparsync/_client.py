@@ -13,11 +13,30 @@ import numpy as np
 from sparsync._errors import SparsyncError
 from sparsync._paths import find_client_library
 
-# The wire values callers of this binding use, from the one Python copy of wire.h.
-from sparsync._wire import (  # noqa: E402,F401
-    BFLOAT16, COMPRESSORS, ERR_TIMEOUT, FLOAT16, FLOAT32, FLOAT64, INT32, INT64, ITEMSIZE,
-    MAX_DIMS, MEMORY_CUDA, MEMORY_HOST, OK, OP_ALLGATHER, OP_ALLREDUCE, OP_BROADCAST,
-    OP_GRADIENT, REDUCE_AVERAGE, REDUCE_SUM, STATUS_NAMES, UINT8)
+# The wire values this binding's callers use (the tests, bench/cluster), from sparsync._wire.
+from sparsync._wire import (  # noqa: F401
+    BFLOAT16,
+    COMPRESSORS,
+    ERR_TIMEOUT,
+    FLOAT16,
+    FLOAT32,
+    FLOAT64,
+    INT32,
+    INT64,
+    ITEMSIZE,
+    MAX_DIMS,
+    MEMORY_CUDA,
+    MEMORY_HOST,
+    OK,
+    OP_ALLGATHER,
+    OP_ALLREDUCE,
+    OP_BROADCAST,
+    OP_GRADIENT,
+    REDUCE_AVERAGE,
+    REDUCE_SUM,
+    STATUS_NAMES,
+    UINT8,
+)
 
 NUMPY_DTYPES = {np.dtype(np.float32): FLOAT32, np.dtype(np.float64): FLOAT64,
                 np.dtype(np.float16): FLOAT16, np.dtype(np.int32): INT32,

@@ -71,4 +71,4 @@ def wire_dtype(kind, dtype, reduce_op):
         return W.UINT8, torch.uint8  # bit-exact bytes for broadcast and allgather
     if dtype in (torch.bool, torch.int8, torch.uint8, torch.int16):
         return W.INT32, torch.int32
-    raise SparsyncError("sparsync does not support tensors of %s" % dtype)
+    raise SparsyncError(f"sparsync does not support tensors of {dtype}")

@@ -135,20 +135,20 @@ class Message(Layout):
         return self.struct.unpack(data)[5:]
 
 
-_NAME = "%ds" % MAX_NAME_BYTES
-_ERROR = "%ds" % MAX_ERROR_BYTES
-_HANDLE = "%ds" % CUDA_IPC_HANDLE_BYTES
+_NAME = f"{MAX_NAME_BYTES}s"
+_ERROR = f"{MAX_ERROR_BYTES}s"
+_HANDLE = f"{CUDA_IPC_HANDLE_BYTES}s"
 
 HELLO = Message("sparsync_hello", MSG_HELLO, [
     ("local_rank", "I"), ("pid", "i"), ("token_len", "I"), ("reserved", "I"),
-    ("job_token", "%ds" % MAX_TOKEN_BYTES)])
+    ("job_token", f"{MAX_TOKEN_BYTES}s")])
 HELLO_REPLY = Message("sparsync_hello_reply", MSG_HELLO_REPLY, [
     ("status", "i"), ("node_rank", "I"), ("num_nodes", "I"), ("local_rank", "I"),
     ("local_size", "I"), ("rank", "I"), ("size", "I"), ("reserved", "I"), ("message", _ERROR)])
 REGISTER = Message("sparsync_register_msg", MSG_REGISTER, [
     ("tensor_id", "I"), ("op", "B"), ("dtype", "B"), ("reduce_op", "B"), ("ndim", "B"),
     ("root_rank", "i"), ("name_len", "I"), ("compressor", "B"), ("memory", "B"),
-    ("reserved", "2x"), ("density", "f"), ("shape", "%dq" % MAX_DIMS), ("name", _NAME),
+    ("reserved", "2x"), ("density", "f"), ("shape", f"{MAX_DIMS}q"), ("name", _NAME),
     ("cuda_device", "i"), ("reserved2", "I"), ("cuda_offset", "Q"), ("cuda_memory", _HANDLE),
     ("cuda_ready_event", _HANDLE)])
 REGISTER_REPLY = Message("sparsync_register_reply", MSG_REGISTER_REPLY, [

@@ -18,11 +18,21 @@ from sparsync import _client as C
 from sparsync import _wire as W
 from sparsync._errors import SparsyncError
 from sparsync._paths import default_socket_path
-from sparsync._torch_optimizer import (  # noqa: F401
-    DGC, Compression, Dense, DistributedOptimizer, GaussianK, GlobalTopK, RandomK, Sparsify,
-    Threshold, TopK, Wangni)
-from sparsync._torch_state import Adasum, Average, Sum  # noqa: F401
+from sparsync._torch_optimizer import (  # noqa: F401  (part of sparsync.torch)
+    DGC,
+    Compression,
+    Dense,
+    DistributedOptimizer,
+    GaussianK,
+    GlobalTopK,
+    RandomK,
+    Sparsify,
+    Threshold,
+    TopK,
+    Wangni,
+)
 from sparsync._torch_state import DAEMON_GRACE_S as _DAEMON_GRACE_S
+from sparsync._torch_state import Adasum, Average, Sum
 from sparsync._torch_state import buffer_view as _buffer_view
 from sparsync._torch_state import client as _client
 from sparsync._torch_state import state as _state
