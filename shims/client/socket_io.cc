@@ -11,13 +11,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 namespace sparsync::client {
 namespace {
 
-std::string Errno(const char* what, int err) {
-  return std::string(what) + ": " + strerror(err);
-}
+std::string Errno(const char* what, int err) { return std::string(what) + ": " + strerror(err); }
 
 IoError Fail(std::string message) {
   IoError e;
@@ -130,7 +129,22 @@ IoError ReceiveDatagram(int fd, void* buffer, size_t capacity, Clock::time_point
   }
 }
 
-IoError MapRegion(int fd, size_t bytes, void** data) {
+Mapping& Mapping::operator=(Mapping&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void Mapping::Reset() {
+  if (data_ != nullptr) ::munmap(data_, std::max<size_t>(bytes_, 1));
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+IoError MapRegion(int fd, size_t bytes, Mapping* out) {
   size_t length = std::max<size_t>(bytes, 1);
   struct stat st {};
   if (::fstat(fd, &st) != 0) return Fail(Errno("fstat of a shared region", errno));
@@ -140,12 +154,10 @@ IoError MapRegion(int fd, size_t bytes, void** data) {
   }
   void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return Fail(Errno("mmap of a shared region", errno));
-  *data = p;
+  out->Reset();
+  out->data_ = p;
+  out->bytes_ = bytes;
   return IoError::Ok();
-}
-
-void UnmapRegion(void* data, size_t bytes) {
-  if (data != nullptr) ::munmap(data, std::max<size_t>(bytes, 1));
 }
 
 void CloseFd(int fd) {

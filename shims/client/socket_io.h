@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace sparsync::client {
@@ -49,11 +50,30 @@ IoError SendDatagram(int fd, const void* data, size_t bytes);
 IoError ReceiveDatagram(int fd, void* buffer, size_t capacity, Clock::time_point deadline,
                         size_t* received, ReceivedFds* fds);
 
-// Maps `bytes` (at least 1) of the memfd `fd` shared and read-write after checking that the file
-// is that large. Does not close `fd`.
-IoError MapRegion(int fd, size_t bytes, void** data);
+// A shared, read-write mapping of a memfd region from the daemon; unmapped when destroyed.
+class Mapping {
+ public:
+  Mapping() = default;
+  ~Mapping() { Reset(); }
+  Mapping(Mapping&& other) noexcept { *this = std::move(other); }
+  Mapping& operator=(Mapping&& other) noexcept;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
 
-void UnmapRegion(void* data, size_t bytes);
+  void* data() const { return data_; }  // null when nothing is mapped
+  size_t bytes() const { return bytes_; }
+  void Reset();  // unmaps now
+
+ private:
+  friend IoError MapRegion(int fd, size_t bytes, Mapping* out);
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Maps `bytes` of the memfd `fd` (at least one byte is mapped) after checking that the file is
+// that large, replacing what *out held. Does not close `fd`.
+IoError MapRegion(int fd, size_t bytes, Mapping* out);
+
 void CloseFd(int fd);
 
 }  // namespace sparsync::client

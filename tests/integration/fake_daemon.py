@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A single-node stand-in for sparsyncd that speaks the intake protocol (proto/intake/wire.h).
+"""A single-node stand-in for sparsyncd that speaks the intake protocol (proto/intake/wire.h,
+in the shim's Python copy sparsync/_wire.py).
 
 Used to test the client library, the Python shim and the launcher independently of the real
 daemon, and to send what the real daemon never should (malformed messages, abrupt closes).
@@ -13,26 +14,22 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import sys
+from pathlib import Path
 
 import numpy as np
 
-HDR = struct.Struct("<IHHII")
-MAGIC, VERSION = 0x59535053, 3
-HELLO, HELLO_REPLY, REGISTER, REGISTER_REPLY, READY, DONE, UNREGISTER, GOODBYE = range(1, 9)
-OK, INVALID, UNAVAILABLE, TIMEOUT, MISMATCH, ABORTED, INTERNAL, PERMISSION = range(8)
-NP = {0: np.float32, 1: np.float64, 2: np.float16, 4: np.int32, 5: np.int64, 6: np.uint8}
-ITEM = {0: 4, 1: 8, 2: 2, 3: 2, 4: 4, 5: 8, 6: 1}
+# The wire format as the shim has it (sparsync/_wire.py), also when run outside pytest.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shims" / "python"))
+from sparsync import _wire as W
 
-
-def msg(mtype, fmt, *fields):
-    body = struct.pack("<" + fmt, *fields)
-    return HDR.pack(MAGIC, VERSION, mtype, HDR.size + len(body), 0) + body
+NP = {W.FLOAT32: np.float32, W.FLOAT64: np.float64, W.FLOAT16: np.float16, W.INT32: np.int32,
+      W.INT64: np.int64, W.UINT8: np.uint8}
+ITEM = W.ITEMSIZE
 
 
 def done(tid, status, rnd, message=b"", result_bytes=0, dim0=0):
-    return msg(DONE, "IiQQq512s", tid, status, rnd, result_bytes, dim0, message[:511])
+    return W.DONE.pack(tid, status, rnd, result_bytes, dim0, message[:W.MAX_ERROR_BYTES - 1])
 
 
 class Worker:
@@ -90,7 +87,7 @@ class FakeDaemon:
             for name, posted in self.ready.items():
                 for other, (tid, rnd) in posted.items():
                     if other is not w:
-                        other.conn.send(done(tid, ABORTED, rnd, self.failed.encode()))
+                        other.conn.send(done(tid, W.ERR_ABORTED, rnd, self.failed.encode()))
             self.ready.clear()
 
     def on_readable(self, w):
@@ -100,19 +97,18 @@ class FakeDaemon:
             data = b""
         if not data:
             return self.drop(w, "connection closed without GOODBYE")
-        magic, version, mtype, size, _ = HDR.unpack_from(data)
-        body = data[HDR.size:]
-        if mtype == HELLO:
-            lr, pid, tlen, _, token = struct.unpack("<IiII64s", body)
+        mtype = W.HEADER.struct.unpack_from(data)[2]
+        if mtype == W.MSG_HELLO:
+            lr, pid, tlen, _, token = W.HELLO.unpack(data)
             w.local_rank, w.pid = lr, pid
-            status, text = OK, b""
+            status, text = W.OK, b""
             if token[:tlen] != self.token:
-                status, text = PERMISSION, b"wrong job token"
-            w.conn.send(msg(HELLO_REPLY, "iIIIIIII512s", status, 0, 1, lr, self.local_size, lr,
-                            self.local_size, 0, text))
-        elif mtype == REGISTER:
+                status, text = W.ERR_PERMISSION, b"wrong job token"
+            w.conn.send(W.HELLO_REPLY.pack(status, 0, 1, lr, self.local_size, lr,
+                                           self.local_size, 0, text))
+        elif mtype == W.MSG_REGISTER:
             # f[7:9]: compressor, memory (host only here); f[9]: density; then the CUDA fields
-            f = struct.unpack("<IBBBBiIBB2xf8q200siIQ64s64s", body)
+            f = W.REGISTER.unpack(data)
             tid, op, dtype, red, ndim, root, nlen = f[:7]
             shape = tuple(f[10:10 + ndim])
             name = f[18][:nlen].decode()
@@ -122,44 +118,47 @@ class FakeDaemon:
             mm = mmap.mmap(fd, max(nbytes, 1))
             w.tensors[tid] = dict(name=name, op=op, dtype=dtype, reduce=red, shape=shape,
                                   root=root, mm=mm, nbytes=nbytes)
-            reply = msg(REGISTER_REPLY, "IiQ512s64s", tid, OK, nbytes, b"", b"")
+            reply = W.REGISTER_REPLY.pack(tid, W.OK, nbytes, b"", b"")
             socket.send_fds(w.conn, [reply], [fd])
             os.close(fd)
-        elif mtype == READY:
-            tid, _, rnd, _ = struct.unpack("<IIQQ", body)
+        elif mtype == W.MSG_READY:
+            tid, _, rnd, _ = W.READY.unpack(data)
             if self.mode == "garbage-on-ready":
                 return w.conn.send(b"\x00" * 7)
             if self.mode == "close-on-ready":
                 return self.drop(w, "fake daemon closes on READY")
             if self.mode == "wrong-round-on-ready":
-                return w.conn.send(done(tid, OK, rnd + 5))
+                return w.conn.send(done(tid, W.OK, rnd + 5))
             if self.failed:
-                return w.conn.send(done(tid, ABORTED, rnd, self.failed.encode()))
+                return w.conn.send(done(tid, W.ERR_ABORTED, rnd, self.failed.encode()))
             t = w.tensors[tid]
             posted = self.ready.setdefault(t["name"], {})
             posted[w] = (tid, rnd)
             if len(posted) == self.local_size:
                 del self.ready[t["name"]]
                 self.complete(t["name"], posted)
-        elif mtype == UNREGISTER:
-            (tid, _) = struct.unpack("<II", body)
+        elif mtype == W.MSG_UNREGISTER:
+            (tid, _) = W.UNREGISTER.unpack(data)
             w.tensors.pop(tid)["mm"].close()
-        elif mtype == GOODBYE:
+        elif mtype == W.MSG_GOODBYE:
             w.goodbye = True
 
     def complete(self, name, posted):
         items = sorted(posted.items(), key=lambda kv: kv[0].local_rank)
         specs = [w.tensors[tid] for w, (tid, _) in items]
         first = specs[0]
+        gather = first["op"] == W.OP_ALLGATHER
+
+        def agreed(s):  # what every worker must agree on (an allgather's dim 0 may differ)
+            return s["shape"][1:] if gather else s["shape"], s["dtype"]
+
         for w, s in zip([w for w, _ in items], specs):
-            if (s["shape"][1:] if first["op"] == 1 else s["shape"]) != (
-                    first["shape"][1:] if first["op"] == 1 else first["shape"]) or \
-                    s["dtype"] != first["dtype"]:
+            if agreed(s) != agreed(first):
                 text = ("tensor '%s' has shape %s on local rank %d but %s on local rank %d"
                         % (name, list(first["shape"]), items[0][0].local_rank, list(s["shape"]),
                            w.local_rank)).encode()
                 for w2, (tid, rnd) in items:
-                    w2.conn.send(done(tid, MISMATCH, rnd, text))
+                    w2.conn.send(done(tid, W.ERR_MISMATCH, rnd, text))
                 return
         dt = NP.get(first["dtype"], np.uint16)
 
@@ -167,32 +166,33 @@ class FakeDaemon:
             return np.frombuffer(s["mm"], dtype=dt, count=s["nbytes"] // ITEM[s["dtype"]])
 
         op = first["op"]
-        if op == 1:  # allgather
+        if op == W.OP_ALLGATHER:
             out = b"".join(bytes(s["mm"][:s["nbytes"]]) for s in specs)
             dim0 = sum(s["shape"][0] if s["shape"] else 1 for s in specs)
             for w, (tid, rnd) in items:
                 fd = os.memfd_create("fake.gather")
                 os.write(fd, out if out else b"\0")
-                socket.send_fds(w.conn, [done(tid, OK, rnd, b"", len(out), dim0)], [fd])
+                socket.send_fds(w.conn, [done(tid, W.OK, rnd, b"", len(out), dim0)], [fd])
                 os.close(fd)
             return
-        if op == 2:  # broadcast
+        if op == W.OP_BROADCAST:
             src = bytes(specs[first["root"]]["mm"][:first["nbytes"]])
             for s in specs:
                 s["mm"][:first["nbytes"]] = src
         else:
             acc = np.zeros(first["nbytes"] // ITEM[first["dtype"]], dtype=np.float64
-                           if first["dtype"] == 1 else np.float32 if first["dtype"] in (0, 2)
+                           if first["dtype"] == W.FLOAT64
+                           else np.float32 if first["dtype"] in (W.FLOAT32, W.FLOAT16)
                            else np.int64)
             for s in specs:
                 acc += arr(s)
-            if first["reduce"] == 0:
+            if first["reduce"] == W.REDUCE_AVERAGE:
                 acc = acc / len(specs)
             res = acc.astype(dt).tobytes()
             for s in specs:
                 s["mm"][:first["nbytes"]] = res
         for w, (tid, rnd) in items:
-            w.conn.send(done(tid, OK, rnd))
+            w.conn.send(done(tid, W.OK, rnd))
 
 
 if __name__ == "__main__":

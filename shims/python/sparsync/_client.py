@@ -13,19 +13,30 @@ import numpy as np
 from sparsync._errors import SparsyncError
 from sparsync._paths import find_client_library
 
-# Values of proto/intake/wire.h (part of the protocol).
-OP_ALLREDUCE, OP_ALLGATHER, OP_BROADCAST, OP_GRADIENT = 0, 1, 2, 3
-REDUCE_AVERAGE, REDUCE_SUM = 0, 1
-# sparsync_compressor of wire.h: the compressor a GRADIENT tensor asks for (0: the daemon's).
-COMPRESSORS = {"default": 0, "none": 1, "topk": 2, "randomk": 3, "threshold": 4, "gaussiank": 5,
-               "wangni": 6, "dgc": 7, "gtopk": 8}
-FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64, UINT8 = range(7)
-ITEMSIZE = {FLOAT32: 4, FLOAT64: 8, FLOAT16: 2, BFLOAT16: 2, INT32: 4, INT64: 8, UINT8: 1}
-STATUS_NAMES = {0: "OK", 1: "INVALID", 2: "UNAVAILABLE", 3: "TIMEOUT", 4: "MISMATCH",
-                5: "ABORTED", 6: "INTERNAL", 7: "PERMISSION"}
-OK, ERR_TIMEOUT = 0, 3
-MAX_DIMS = 8
-MEMORY_HOST, MEMORY_CUDA = 0, 1
+# The wire values this binding's callers use (the tests, bench/cluster), from sparsync._wire.
+from sparsync._wire import (  # noqa: F401
+    BFLOAT16,
+    COMPRESSORS,
+    ERR_TIMEOUT,
+    FLOAT16,
+    FLOAT32,
+    FLOAT64,
+    INT32,
+    INT64,
+    ITEMSIZE,
+    MAX_DIMS,
+    MEMORY_CUDA,
+    MEMORY_HOST,
+    OK,
+    OP_ALLGATHER,
+    OP_ALLREDUCE,
+    OP_BROADCAST,
+    OP_GRADIENT,
+    REDUCE_AVERAGE,
+    REDUCE_SUM,
+    STATUS_NAMES,
+    UINT8,
+)
 
 NUMPY_DTYPES = {np.dtype(np.float32): FLOAT32, np.dtype(np.float64): FLOAT64,
                 np.dtype(np.float16): FLOAT16, np.dtype(np.int32): INT32,
@@ -36,6 +47,12 @@ class _World(ctypes.Structure):
     _fields_ = [("rank", ctypes.c_uint32), ("size", ctypes.c_uint32),
                 ("local_rank", ctypes.c_uint32), ("local_size", ctypes.c_uint32),
                 ("node_rank", ctypes.c_uint32), ("num_nodes", ctypes.c_uint32)]
+
+
+class _ConnectOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("local_rank", ctypes.c_uint32),
+                ("socket_path", ctypes.c_char_p), ("job_token", ctypes.c_char_p),
+                ("timeout_s", ctypes.c_double), ("cuda_runtime", ctypes.c_char_p)]
 
 
 class _TensorSpec(ctypes.Structure):
@@ -65,8 +82,8 @@ def _library():
             raise SparsyncError("cannot load the sparsync client library %s: %s" % (path, e))
         c = ctypes
         sig = {
-            "sparsync_connect": [c.c_char_p, c.c_char_p, c.c_uint32, c.c_double,
-                                 c.POINTER(c.c_void_p), c.c_char_p, c.c_size_t],
+            "sparsync_connect_with_options": [c.POINTER(_ConnectOptions),
+                                              c.POINTER(c.c_void_p), c.c_char_p, c.c_size_t],
             "sparsync_close": [c.c_void_p],
             "sparsync_get_world": [c.c_void_p, c.POINTER(_World)],
             "sparsync_register_tensor": [c.c_void_p, c.POINTER(_TensorSpec),
@@ -129,14 +146,21 @@ def _raw_array(address, nbytes):
 
 
 class Client:
-    """One connection to the node's sparsyncd."""
+    """One connection to the node's sparsyncd.
 
-    def __init__(self, socket_path, job_token="", local_rank=0, connect_timeout_s=10.0):
+    `cuda_runtime`: the CUDA runtime library to load for CUDA tensors (SPARSYNC_CUDART, which
+    the caller reads); "" searches libcudart.so.13, .so.12 and .so."""
+
+    def __init__(self, socket_path, job_token="", local_rank=0, connect_timeout_s=10.0,
+                 cuda_runtime=""):
         lib = _library()
         handle = ctypes.c_void_p()
         err = ctypes.create_string_buffer(1024)
-        s = lib.sparsync_connect(socket_path.encode(), job_token.encode(), int(local_rank),
-                                 float(connect_timeout_s), ctypes.byref(handle), err, len(err))
+        options = _ConnectOptions(ctypes.sizeof(_ConnectOptions), int(local_rank),
+                                  socket_path.encode(), job_token.encode(),
+                                  float(connect_timeout_s), (cuda_runtime or "").encode())
+        s = lib.sparsync_connect_with_options(ctypes.byref(options), ctypes.byref(handle), err,
+                                              len(err))
         if s != OK:
             raise SparsyncError(err.value.decode(errors="replace"), s)
         self._lib = lib

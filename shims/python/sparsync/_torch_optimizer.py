@@ -15,9 +15,9 @@ import contextlib
 
 import torch
 
-from sparsync import _client as C
+from sparsync import _torch_state as shared
+from sparsync import _wire as W
 from sparsync._errors import SparsyncError
-from sparsync import torch as _hvd
 
 
 class Compressor:
@@ -67,9 +67,9 @@ class Sparsify:
     ``density=None`` keeps the daemon's SPARSYNC_DENSITY. Explicit allreduce stays exact."""
 
     def __init__(self, name, density=None):
-        if name not in C.COMPRESSORS or name == "default":
+        if name not in W.COMPRESSORS or name == "default":
             raise ValueError("unknown compressor %r; accepted: %s"
-                             % (name, ", ".join(k for k in C.COMPRESSORS if k != "default")))
+                             % (name, ", ".join(k for k in W.COMPRESSORS if k != "default")))
         if density is not None and not 0.0 < density <= 1.0:
             raise ValueError("density must be in (0, 1], got %r" % (density,))
         self.name = name
@@ -77,7 +77,7 @@ class Sparsify:
 
     @property
     def wire(self):
-        return C.COMPRESSORS[self.name], float(self.density or 0.0)
+        return W.COMPRESSORS[self.name], float(self.density or 0.0)
 
     def __repr__(self):
         return "Sparsify(%r, density=%r)" % (self.name, self.density)
@@ -126,13 +126,13 @@ def Dense():
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
-                 op=_hvd.Average, sparsify=None):
+                 op=shared.Average, sparsify=None):
         super(self.__class__, self).__init__(params)
         if sparsify is not None and not isinstance(sparsify, Sparsify):
             raise TypeError("sparsify must be e.g. sparsync.torch.TopK(density=0.001), got %r"
                             % (sparsify,))
         self._sparsify = sparsify
-        if op not in (_hvd.Average, _hvd.Sum):
+        if op not in (shared.Average, shared.Sum):
             raise SparsyncError("DistributedOptimizer supports op=Average or op=Sum")
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be >= 1")
@@ -166,7 +166,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._grad_accs = []
         self._synchronized = False
         self._should_synchronize = True
-        _hvd._client()  # fail early when init() was not called
+        shared.client()  # fail early when init() was not called
         self._register_hooks()
 
     def _register_hooks(self):
@@ -192,11 +192,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         entry = self._registrations.get(id(p))
         if entry is not None and entry[1] == dtype:
             return entry[2]
-        client = _hvd._client()
+        client = shared.client()
         if entry is not None:
             client.unregister(entry[2])
-        wire, _ = _hvd._wire_dtype("allreduce", dtype, self._op)
-        if wire not in (C.FLOAT32, C.FLOAT64, C.FLOAT16, C.BFLOAT16):
+        wire, _ = shared.wire_dtype("allreduce", dtype, self._op)
+        if wire not in (W.FLOAT32, W.FLOAT64, W.FLOAT16, W.BFLOAT16):
             raise SparsyncError("gradient of '%s' has dtype %s; DistributedOptimizer reduces "
                                 "float32/float64/float16/bfloat16" % (self._names[id(p)], dtype))
         compressor, density = self._sparsify.wire if self._sparsify else (0, 0.0)
@@ -204,26 +204,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if p.is_cuda and p.numel() > 0:
             # CUDA IPC intake: a persistent device buffer the daemon reads and writes in place.
             buf = torch.empty(p.numel(), dtype=dtype, device=p.device)
-            reg = client.register_cuda(name, C.OP_GRADIENT, wire, tuple(p.shape), buf.device.index,
+            reg = client.register_cuda(name, W.OP_GRADIENT, wire, tuple(p.shape), buf.device.index,
                                        buf.data_ptr(), self._op, 0, compressor, density)
             reg.buffer = buf
         else:
-            reg = client.register(name, C.OP_GRADIENT, wire, tuple(p.shape), self._op, 0,
+            reg = client.register(name, W.OP_GRADIENT, wire, tuple(p.shape), self._op, 0,
                                   compressor, density)
         self._registrations[id(p)] = (wire, dtype, reg)
         return reg
 
     def _post(self, p):
-        with _hvd._state.lock:
+        with shared.state.lock:
             grad = p.grad if p.grad is not None else torch.zeros_like(p)
             compressed, ctx = self._compression.compress(grad.detach())
             reg = self._registration(p, compressed.dtype)
-            buf = reg.buffer if reg.buffer is not None else _hvd._buffer_view(reg, compressed.dtype)
+            buf = reg.buffer
+            if buf is None:
+                buf = shared.buffer_view(reg, compressed.dtype)
             if buf.numel():
                 buf.copy_(compressed.reshape(-1))  # CUDA: queued on the current stream
-                if self._op == _hvd.Average and self.backward_passes_per_step > 1:
+                if self._op == shared.Average and self.backward_passes_per_step > 1:
                     buf.mul_(1.0 / self.backward_passes_per_step)
-            _hvd._client().post(reg, _cuda_stream(reg))
+            shared.client().post(reg, _cuda_stream(reg))
             self._posted[id(p)] = (p, reg, ctx, compressed.dtype)
 
     def synchronize(self):
@@ -231,16 +233,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._requires_update:
             if id(p) not in self._posted:
                 self._post(p)  # no gradient this step (or not enough passes): still take part
-        client = _hvd._client()
+        client = shared.client()
         try:
             for p, reg, ctx, sent_dtype in self._posted.values():
-                client.wait(reg, _hvd._state.timeout_s, _hvd._state.timeout_hint,
-                            _cuda_stream(reg))
+                shared.wait(client, reg, _cuda_stream(reg))
             for p, reg, ctx, sent_dtype in self._posted.values():
                 if reg.buffer is not None:  # the current stream waits for the daemon's copy
                     result = reg.buffer.view(p.shape)
                 else:
-                    result = _hvd._buffer_view(reg, sent_dtype).reshape(p.shape)
+                    result = shared.buffer_view(reg, sent_dtype).reshape(p.shape)
                 result = self._compression.decompress(result, ctx)
                 if p.grad is None:
                     p.grad = result.to(dtype=p.dtype, device=p.device, copy=True)
@@ -281,7 +282,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def unregister(self):
         """Releases the shared gradient buffers (the optimizer is unusable afterwards)."""
-        client = _hvd._state.client
+        client = shared.state.client
         for _, _, reg in self._registrations.values():
             if client is not None:
                 client.unregister(reg)
@@ -296,7 +297,7 @@ def _cuda_stream(reg):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=_hvd.Average, sparsify=None,
+                         backward_passes_per_step=1, op=shared.Average, sparsify=None,
                          **unsupported):
     """Wraps `optimizer` so that step() applies gradients averaged over all workers.
 

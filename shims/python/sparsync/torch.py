@@ -10,14 +10,34 @@ import atexit
 import io
 import os
 import pickle
-import threading
 
 import numpy as np
 import torch
 
 from sparsync import _client as C
+from sparsync import _wire as W
 from sparsync._errors import SparsyncError
 from sparsync._paths import default_socket_path
+from sparsync._torch_optimizer import (  # noqa: F401  (part of sparsync.torch)
+    DGC,
+    Compression,
+    Dense,
+    DistributedOptimizer,
+    GaussianK,
+    GlobalTopK,
+    RandomK,
+    Sparsify,
+    Threshold,
+    TopK,
+    Wangni,
+)
+from sparsync._torch_state import DAEMON_GRACE_S as _DAEMON_GRACE_S
+from sparsync._torch_state import Adasum, Average, Sum
+from sparsync._torch_state import buffer_view as _buffer_view
+from sparsync._torch_state import client as _client
+from sparsync._torch_state import state as _state
+from sparsync._torch_state import wait as _wait
+from sparsync._torch_state import wire_dtype as _wire_dtype
 
 __all__ = [
     "SparsyncError", "Average", "Sum", "Adasum", "Compression", "init", "shutdown",
@@ -27,36 +47,6 @@ __all__ = [
     "broadcast_async_", "broadcast_object", "broadcast_parameters", "broadcast_optimizer_state",
     "synchronize", "poll", "DistributedOptimizer",
 ]
-
-Average = C.REDUCE_AVERAGE
-Sum = C.REDUCE_SUM
-Adasum = 2  # accepted by name for compatibility; not supported
-
-_WIRE_DTYPES = {torch.float32: C.FLOAT32, torch.float64: C.FLOAT64, torch.float16: C.FLOAT16,
-                torch.bfloat16: C.BFLOAT16, torch.int32: C.INT32, torch.int64: C.INT64,
-                torch.uint8: C.UINT8}
-
-# The daemon fails a stalled collective after SPARSYNC_TIMEOUT_S and says why; the shim gives up
-# on its own only this much later, so that the daemon's message is the one users see.
-_DAEMON_GRACE_S = 5.0
-
-
-class _State:
-    def __init__(self):
-        self.lock = threading.RLock()
-        self.client = None
-        self.world = None
-        self.timeout_s = 300.0 + _DAEMON_GRACE_S
-        self.timeout_hint = "SPARSYNC_TIMEOUT_S"
-        self.noname = {}       # op kind -> next number for unnamed ops
-        self.named = {}        # (kind, name) -> registration kept for reuse
-        self.in_flight = set()  # (kind, name) of named ops posted and not yet synchronized
-        self.handles = {}      # handle -> _Pending
-        self.next_handle = 0
-
-
-_state = _State()
-
 
 def _env_float(name, default):
     value = os.environ.get(name, "")
@@ -69,7 +59,9 @@ def _env_float(name, default):
 
 
 def init(comm=None, process_sets=None):
-    """Connects this worker to its node's sparsyncd (SPARSYNC_SOCKET). Idempotent."""
+    """Connects this worker to its node's sparsyncd (SPARSYNC_SOCKET). Idempotent.
+
+    Every SPARSYNC_* setting of a worker is read here; the client library reads none."""
     with _state.lock:
         if _state.client is not None:
             return
@@ -85,7 +77,8 @@ def init(comm=None, process_sets=None):
         _state.timeout_s = daemon_timeout + _DAEMON_GRACE_S
         _state.timeout_hint = "SPARSYNC_TIMEOUT_S=%g plus %g s" % (daemon_timeout,
                                                                      _DAEMON_GRACE_S)
-        client = C.Client(path, token, local, connect_s)
+        cudart = os.environ.get("SPARSYNC_CUDART", "")  # for CUDA tensors; "": the default
+        client = C.Client(path, token, local, connect_s, cudart)
         expected = os.environ.get("SPARSYNC_RANK")
         if expected not in (None, "") and int(expected) != client.world["rank"]:
             client.close()
@@ -147,33 +140,8 @@ def mpi_threads_supported():
     return False
 
 
-def _client():
-    if _state.client is None:
-        raise ValueError("sparsync has not been initialized; use hvd.init().")
-    return _state.client
-
-
 # ---------------------------------------------------------------------------------------------
 # Shared buffers
-
-
-def _buffer_view(reg, dtype):
-    """A flat torch tensor of `dtype` over the registration's shared region (no copy)."""
-    raw = torch.from_numpy(reg.raw())
-    if raw.numel() == 0:
-        return torch.empty(0, dtype=dtype)
-    return raw.view(dtype)
-
-
-def _wire_dtype(kind, dtype, reduce_op):
-    """(wire dtype code, torch dtype sent) for `dtype` in a `kind` collective."""
-    if dtype in _WIRE_DTYPES and not (kind == "allreduce" and dtype == torch.uint8):
-        return _WIRE_DTYPES[dtype], dtype
-    if dtype in (torch.bool, torch.int8) and kind != "allreduce":
-        return C.UINT8, torch.uint8  # bit-exact bytes for broadcast and allgather
-    if dtype in (torch.bool, torch.int8, torch.uint8, torch.int16):
-        return C.INT32, torch.int32
-    raise SparsyncError("sparsync does not support tensors of %s" % dtype)
 
 
 def _auto_name(kind):
@@ -268,7 +236,7 @@ def synchronize(handle):
             raise ValueError("unknown sparsync handle %r" % (handle,))
         client = _client()
     try:
-        client.wait(p.reg, _state.timeout_s, _state.timeout_hint)  # without the lock: other threads may post
+        _wait(client, p.reg)  # without the lock: other threads may post
         with _state.lock:
             return p.finish()
     finally:
@@ -312,7 +280,7 @@ def _allreduce_async(tensor, output, average, name, op, prescale_factor, postsca
         output.copy_(result)
         return output
 
-    return _enqueue("allreduce", tensor, name, C.OP_ALLREDUCE, wire_op, 0, finish,
+    return _enqueue("allreduce", tensor, name, W.OP_ALLREDUCE, wire_op, 0, finish,
                     prescale_factor)
 
 
@@ -355,7 +323,7 @@ def allgather_async(tensor, name=None):
         out = out.view(sent_dtype) if out.numel() else torch.empty(0, dtype=sent_dtype)
         return out.reshape((dim0,) + rest).to(dtype=dtype, device=device)
 
-    return _enqueue("allgather", tensor, name, C.OP_ALLGATHER, Sum, 0, finish)
+    return _enqueue("allgather", tensor, name, W.OP_ALLGATHER, Sum, 0, finish)
 
 
 def allgather(tensor, name=None):
@@ -375,7 +343,7 @@ def _broadcast_async(tensor, output, root_rank, name):
         output.copy_(result.to(dtype=dtype))
         return output
 
-    return _enqueue("broadcast", tensor, name, C.OP_BROADCAST, Sum, int(root_rank), finish)
+    return _enqueue("broadcast", tensor, name, W.OP_BROADCAST, Sum, int(root_rank), finish)
 
 
 def broadcast_async(tensor, root_rank, name=None):
@@ -468,10 +436,3 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     if rank() != root_rank:
         optimizer.load_state_dict(state)
 
-
-# ---------------------------------------------------------------------------------------------
-# Compression and DistributedOptimizer
-
-from sparsync._torch_optimizer import (  # noqa: E402,F401
-    DGC, Compression, Dense, DistributedOptimizer, GaussianK, GlobalTopK, RandomK, Sparsify,
-    Threshold, TopK, Wangni)

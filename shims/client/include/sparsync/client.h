@@ -4,7 +4,9 @@
 //
 // Threading: a client handle may be used from several threads; calls are serialised internally.
 // Errors: every function returns a sparsync_status; the text of the last error of a handle is
-// available from sparsync_last_error() until the next failing call on that handle.
+// available from sparsync_last_error() until the next failing call on that handle. No C++
+// exception leaves the library.
+// Configuration: the library reads no environment variable; everything comes through the calls.
 #pragma once
 
 #include <stddef.h>
@@ -39,9 +41,28 @@ typedef struct sparsync_tensor_spec {
   float density;          /* GRADIENT only; 0: the daemon's SPARSYNC_DENSITY */
 } sparsync_tensor_spec;
 
-/* Connects to the daemon's control socket and performs the handshake. Retries connecting until
- * `timeout_s` has passed (the daemon may still be starting). On failure *out is NULL and the
- * reason is written to `error` (if not NULL, at most error_len bytes, NUL-terminated). */
+/* What sparsync_connect_with_options needs. The library reads no environment variable: the
+ * caller (a shim) passes what it was configured with. Zero-fill the struct, set struct_size,
+ * then the fields. */
+typedef struct sparsync_connect_options {
+  uint32_t struct_size;     /* sizeof(sparsync_connect_options); a library built from another
+                               version of this header refuses other values (INVALID) */
+  uint32_t local_rank;      /* this worker's rank among the workers of its node */
+  const char* socket_path;  /* the daemon's control socket (the shims take SPARSYNC_SOCKET) */
+  const char* job_token;    /* must match the daemon's; NULL: none (SPARSYNC_JOB_TOKEN) */
+  double timeout_s;         /* keep retrying to connect this long (the daemon may still be
+                               starting); the handshake then gets at least 5 s */
+  const char* cuda_runtime; /* the CUDA runtime library for CUDA tensors, only that file
+                               (SPARSYNC_CUDART); NULL or "": libcudart.so.13, .so.12 or .so,
+                               preferring one the process has loaded already */
+} sparsync_connect_options;
+
+/* Connects to the daemon's control socket and performs the handshake. On failure *out is NULL
+ * and the reason is written to `error` (if not NULL, at most error_len bytes, NUL-terminated). */
+sparsync_status sparsync_connect_with_options(const sparsync_connect_options* options,
+                                              sparsync_client** out, char* error, size_t error_len);
+
+/* sparsync_connect_with_options with these fields and the default CUDA runtime search. */
 sparsync_status sparsync_connect(const char* socket_path, const char* job_token,
                                  uint32_t local_rank, double timeout_s, sparsync_client** out,
                                  char* error, size_t error_len);
@@ -71,10 +92,10 @@ sparsync_status sparsync_allgather_result(sparsync_client* client, uint32_t tens
 
 sparsync_status sparsync_unregister_tensor(sparsync_client* client, uint32_t tensor_id);
 
-/* CUDA tensors (CUDA IPC intake). The client loads the CUDA runtime at run time (it does not link
- * it): the file named by the environment variable SPARSYNC_CUDART, else libcudart.so.13, .so.12
- * or .so, preferring one the process has loaded already. `stream` is a cudaStream_t (NULL: the
- * legacy default stream). The calling thread's current device is left as it was. */
+/* CUDA tensors (CUDA IPC intake). The client loads the CUDA runtime at run time, at the first
+ * CUDA registration (it does not link it): the file in sparsync_connect_options.cuda_runtime,
+ * else the default search. `stream` is a cudaStream_t (NULL: the legacy default stream). The
+ * calling thread's current device is left as it was. */
 
 /* Registers `spec`'s tensor that lives at device pointer `data` on CUDA device `device`
  * (anywhere inside a cudaMalloc'd allocation, e.g. from PyTorch's caching allocator). The daemon
