@@ -19,8 +19,8 @@ namespace {
 using testing::Apply;
 using testing::MustMake;
 
-const std::vector<std::string> kBase = {"topk", "randomk", "threshold", "gaussiank", "wangni",
-                                        "dgc"};
+const std::vector<std::string> kBase = {"topk",      "randomk", "threshold",
+                                        "gaussiank", "wangni",  "dgc"};
 
 // -n/2 .. n/2, shuffled: distinct magnitudes but for the sign, so top-k has one answer.
 std::vector<float> Ramp(int64_t n) {

@@ -37,16 +37,20 @@ class Random {
   size_t Below(size_t n) { return static_cast<size_t>(rng_() % n); }
   // Tensor-name-like text, with multi-byte UTF-8 (proto3 strings must be UTF-8).
   std::string Text(size_t max_len) {
-    static const char* const kPieces[] = {"a", "Z", "0", ".", "_", "/", " ", "é", "層", "🙂", ":"};
+    static const char* const kPieces[] = {"a", "Z", "0",  ".",    "_", "/",
+                                          " ", "é", "層", "🙂", ":"};
     std::string s;
     for (size_t n = Below(max_len + 1); n > 0; --n) s += kPieces[Below(std::size(kPieces))];
     return s;
   }
   float Float() {
     switch (Below(4)) {
-      case 0: return 0.0f;
-      case 1: return std::numeric_limits<float>::denorm_min() * static_cast<float>(Below(100));
-      case 2: return static_cast<float>(Below(1000000)) / 1e6f;
+      case 0:
+        return 0.0f;
+      case 1:
+        return std::numeric_limits<float>::denorm_min() * static_cast<float>(Below(100));
+      case 2:
+        return static_cast<float>(Below(1000000)) / 1e6f;
       default: {
         uint32_t bits = U32() & 0x7f7fffffu;  // finite, positive or negative
         float f;

@@ -165,7 +165,8 @@ Transcript RunScript(const std::vector<CoordinatorLink*>& links) {
                                            {NewRef(0, {}, 11), NewRef(1), NewRef(2, {1, 2}, 12)}));
   t.AddValues("report 1b", links[1]->Report(1, {b}, {NewRef(0)}));
   t.AddValues("report 1ag", links[1]->Report(1, {a, g}, {NewRef(1, {3, 4}), NewRef(0, {}, 5)}));
-  t.AddValues("report 2", links[2]->Report(2, {g, a, b}, {NewRef(2), NewRef(0, {5, 6}), NewRef(1)}));
+  t.AddValues("report 2",
+              links[2]->Report(2, {g, a, b}, {NewRef(2), NewRef(0, {5, 6}), NewRef(1)}));
   uint64_t after = 0;
   for (int n = 0; n < kNodes; ++n) {
     auto r = links[n]->Poll(n, 0, 1s);
@@ -176,12 +177,16 @@ Transcript RunScript(const std::vector<CoordinatorLink*>& links) {
   t.AddValues("report 0 again", links[0]->Report(0, {}, {SlotRef(3, {7, 8}), SlotRef(1)}));
   t.AddValues("report 1 again", links[1]->Report(1, {}, {SlotRef(1), SlotRef(3, {9, 9})}));
   t.AddValues("report 2 again", links[2]->Report(2, {}, {SlotRef(1), SlotRef(3, {0, 1})}));
-  for (int n = 0; n < kNodes; ++n) t.Add("poll again " + std::to_string(n), links[n]->Poll(n, after, 1s));
+  for (int n = 0; n < kNodes; ++n) {
+    t.Add("poll again " + std::to_string(n), links[n]->Poll(n, after, 1s));
+  }
   t.AddValues("unknown slot", links[1]->Report(1, {}, {SlotRef(99)}));
   t.AddValues("no name", links[1]->Report(1, {Meta("", {1})}, {NewRef(0)}));
   t.Add("poll nothing", links[2]->Poll(2, after + 2, 50ms));
   t.Add("fail 2", links[2]->Fail(2, Mismatch("worker 1 of node 2 posted 'A' as float16")));
-  for (int n = 0; n < kNodes; ++n) t.Add("poll fatal " + std::to_string(n), links[n]->Poll(n, after + 2, 1s));
+  for (int n = 0; n < kNodes; ++n) {
+    t.Add("poll fatal " + std::to_string(n), links[n]->Poll(n, after + 2, 1s));
+  }
   t.AddValues("report after failure", links[1]->Report(1, {}, {SlotRef(2)}));
   t.Add("leave 1", links[1]->Leave(1));
   return t;
@@ -214,7 +219,8 @@ TEST_F(GrpcEdgeTest, EveryCallGivesWhatTheDirectLinkGives) {
     return std::string("missing");
   };
   EXPECT_EQ(line("join 2"), "join 2: code 0 ");
-  EXPECT_EQ(line("get 1"), "get 1: code 0 [" + ::testing::PrintToString(std::string("tcp\0//10.0.0.2\xfe", 15)) +
+  EXPECT_EQ(line("get 1"), "get 1: code 0 [" +
+                               ::testing::PrintToString(std::string("tcp\0//10.0.0.2\xfe", 15)) +
                                "][\"tcp://10.0.0.1\"]");
   EXPECT_EQ(line("get missing"), "get missing: code 3 ");
   EXPECT_EQ(line("report 2"), "report 2: code 0 [3][1][2]");
@@ -276,7 +282,8 @@ struct TimedCall {
 
 // Runs every call on its own thread; each must fail, and within its deadline plus `slack_s`.
 // Returns each call's status and how long it took.
-std::vector<std::pair<Status, double>> RunTimed(const std::vector<TimedCall>& calls, double slack_s) {
+std::vector<std::pair<Status, double>> RunTimed(const std::vector<TimedCall>& calls,
+                                                double slack_s) {
   std::vector<std::pair<Status, double>> out(calls.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < calls.size(); ++i) {

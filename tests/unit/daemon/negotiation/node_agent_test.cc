@@ -285,9 +285,9 @@ TEST_P(NodeAgentModeTest, NextHandsEntriesInOrderAndDropsDuplicates) {
 TEST_P(NodeAgentModeTest, PlansAreTakenOutAndGroupsCheckedAgainstThem) {
   link_.PushPollAnswer(std::vector<ScheduleEntry>{
       Plan(1, 1, {{1, 2}, {3}}), Group(2, {1, 2}, 1, 0), Group(3, {3}, 1, 1), Group(4, {5}),
-      Group(5, {4}, 1, 1),      // the wrong slot
-      Group(6, {1}, 1, 2),      // no such group
-      Group(7, {3}, 2, 0),      // a plan never announced
+      Group(5, {4}, 1, 1),  // the wrong slot
+      Group(6, {1}, 1, 2),  // no such group
+      Group(7, {3}, 2, 0),  // a plan never announced
       Plan(8, 2, {{3}, {1, 2}}), Group(9, {1, 2}, 2, 1),
       Group(10, {3, 4}, 2, 0),  // one slot too many
       Group(11, {1, 2}, 1, 0),  // the previous plan

@@ -192,7 +192,9 @@ inline void ExpectOneSchedule(const RoundsSeen& seen, const std::vector<TensorMe
       ASSERT_NE(meta, nullptr) << "slot " << g.slot << " was never assigned";
       if (meta->op != SPARSYNC_OP_ALLGATHER) continue;
       ASSERT_EQ(g.worker_dim0.size(), 2 * nodes);
-      for (size_t n = 0; n < nodes; ++n) EXPECT_EQ(g.worker_dim0[2 * n], static_cast<int64_t>(n + 1));
+      for (size_t n = 0; n < nodes; ++n) {
+        EXPECT_EQ(g.worker_dim0[2 * n], static_cast<int64_t>(n + 1));
+      }
     }
   }
   ASSERT_EQ(order.size(), tensors.size() * rounds);
