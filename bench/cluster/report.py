@@ -4,7 +4,7 @@
 
 Table: one row per (model, P, mode) with the measured mean and median iteration time (slowest
 rank per iteration), the median time from the start of backward to the last result (what the
-planner's timeline predicts: ALGORITHMS.md section 1 starts it at backward), the last plan's
+planner's timeline predicts: docs/algorithms.md §3 starts it at backward), the last plan's
 predicted time and their ratio, the speed-up against sparsync's dense mode of the same model
 and P (dense median / this median), and for the sparse modes the speed-up against the better of
 layerwise and single (the OMGS paper's comparison). Failed runs are listed as such. The chart

@@ -3,7 +3,7 @@
 A profile lists a model's gradient tensors in the order backward produces them, each with its
 name, shape, element count and backward time: the time from the previous tensor's gradient being
 ready (or from the start of backward, for the first) to this one's. The times are measured the
-way OMGS-SGD's profiler does (ALGORITHMS.md section 1, t_b[l]): a hook on each parameter's
+way OMGS-SGD's profiler does (docs/algorithms.md §1 and §5.2, t_b[l]): a hook on each parameter's
 AccumulateGrad node records when its gradient is ready; a few warm-up iterations, then the
 per-tensor median over the measured ones. The forward time is recorded too.
 

@@ -1,4 +1,4 @@
-// JobFailure: the node's one sticky job failure (STYLE.md §2.6). The first error wins and is
+// JobFailure: the node's one sticky job failure (docs/style.md §2). The first error wins and is
 // kept; every part that must act on a failure observes this object instead of keeping a copy:
 // the worker handler answers every pending collective and refuses new ones, the negotiation agent
 // tells the coordinator, the executor stops exchanging.

@@ -1,4 +1,4 @@
-// Status and Result<T>: the daemon's error values (STYLE.md §2.3). No exceptions cross a module
+// Status and Result<T>: the daemon's error values (docs/style.md §2). No exceptions cross a module
 // boundary; each foreign error space is converted where it is called.
 #pragma once
 

@@ -35,7 +35,7 @@ inline bool Reduces(CollectiveOp op) {
 
 enum class ReduceOp : uint8_t { kAverage, kSum };
 
-// Gradient compressors (docs/algorithms.md §4). kNone: the exact dense path.
+// Gradient compressors (docs/algorithms.md §7). kNone: the exact dense path.
 enum class Compressor { kNone, kTopK, kRandomK, kThreshold, kGaussianK, kWangni, kDgc, kGTopK };
 inline constexpr int kCompressorCount = 8;
 const char* CompressorName(Compressor c);

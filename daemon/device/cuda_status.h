@@ -1,5 +1,5 @@
-// CudaStatus: the daemon's one conversion of CUDA runtime errors into Status values (STYLE.md
-// §2.3). Every call into the CUDA runtime that can fail goes through it, so every CUDA error a
+// CudaStatus: the daemon's one conversion of CUDA runtime errors into Status values (docs/style.md
+// §2). Every call into the CUDA runtime that can fail goes through it, so every CUDA error a
 // user sees says what was being done, on which device, and the runtime's own words for it.
 #pragma once
 

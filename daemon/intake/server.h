@@ -1,4 +1,4 @@
-// IntakeServer: the control socket (SOCK_SEQPACKET, DESIGN.md §1.2). One thread runs an epoll
+// IntakeServer: the control socket (SOCK_SEQPACKET, docs/architecture.md §1). One thread runs an epoll
 // loop over the listening socket and every worker connection; each datagram is decoded and
 // validated (codec.h) and handed to the IntakeHandler. A malformed message closes that one
 // connection with a logged reason; the daemon and the other workers go on.

@@ -1,4 +1,4 @@
-// CoordinatorState: the negotiation state machine of node 0 (DESIGN.md §1.4), free of gRPC and
+// CoordinatorState: the negotiation state machine of node 0 (docs/architecture.md §2), free of gRPC and
 // threads so that tests can step it. Not thread-safe: CoordinatorCore serialises calls.
 //
 // Protocol. Each node reports a tensor once all its local workers have posted it. The first

@@ -98,7 +98,9 @@ ScheduleEntry FromProto(const v1::ScheduleEntry& in) {
   for (const auto& g : in.group()) {
     e.group.push_back({g.slot(), {g.worker_dim0().begin(), g.worker_dim0().end()}, {}});
   }
-  if (!in.fatal_error().empty()) {
+  // The code marks a fatal entry (its message may be empty); a message with no code known here
+  // (a daemon of another build) is fatal too.
+  if (in.fatal_code() != 0 || !in.fatal_error().empty()) {
     uint32_t code = in.fatal_code();
     e.fatal = Status(code >= 1 && code <= 7 ? static_cast<StatusCode>(code) : StatusCode::kAborted,
                      in.fatal_error());

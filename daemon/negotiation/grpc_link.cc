@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
 #include <thread>
 
 #include "daemon/negotiation/coordinator_core.h"
@@ -26,6 +27,21 @@ void GrpcCoordinatorLink::SetDeadline(grpc::ClientContext* ctx, std::chrono::mil
   ctx->set_deadline(std::chrono::system_clock::now() + d);
 }
 
+Status GrpcCoordinatorLink::Check(const grpc::Status& status, const char* doing) const {
+  // Every error names the address tried: a user's first question when a node cannot reach node 0.
+  return FromGrpc(status, std::string(doing) + " at " + address_);
+}
+
+namespace {
+
+std::string Seconds(std::chrono::milliseconds d) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g s", static_cast<double>(d.count()) / 1000.0);
+  return text;
+}
+
+}  // namespace
+
 Status GrpcCoordinatorLink::Join(const JoinInfo& info, std::chrono::milliseconds timeout) {
   // Node 0 may not be up yet: wait for the channel, retrying until the deadline.
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -36,8 +52,8 @@ Status GrpcCoordinatorLink::Join(const JoinInfo& info, std::chrono::milliseconds
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       return DeadlineExceeded("could not join the coordinator at " + address_ +
-                              " (SPARSYNC_COORDINATOR) within " +
-                              std::to_string(timeout.count() / 1000) + " s; is node 0 running?");
+                              " (SPARSYNC_COORDINATOR) within " + Seconds(timeout) +
+                              "; is node 0 running?");
     }
     SetDeadline(&ctx, left);
     ctx.set_wait_for_ready(true);
@@ -50,9 +66,11 @@ Status GrpcCoordinatorLink::Join(const JoinInfo& info, std::chrono::milliseconds
     v1::JoinResponse resp;
     grpc::Status st = stub_->Join(&ctx, req, &resp);
     if (st.ok()) return Status::Ok();
-    if (st.error_code() != grpc::StatusCode::UNAVAILABLE) {
-      return FromGrpc(st, "joining the coordinator at " + address_);
-    }
+    // The call waits for the channel, so a node 0 that is not there yet ends it at the deadline:
+    // the loop's own message then says what to check.
+    const bool unreachable = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!unreachable) return Check(st, "joining the coordinator");
     if (++attempt % 10 == 1) spdlog::info("waiting for the coordinator at {}", address_);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // reconnect back-off
   }
@@ -66,7 +84,7 @@ Status GrpcCoordinatorLink::StoreSet(const std::string& key, const std::string& 
   req.set_key(key);
   req.set_value(value);
   v1::StoreSetResponse resp;
-  return FromGrpc(stub_->StoreSet(&ctx, req, &resp), "rendezvous store set");
+  return Check(stub_->StoreSet(&ctx, req, &resp), "rendezvous store set");
 }
 
 Result<std::vector<std::string>> GrpcCoordinatorLink::StoreGet(const std::vector<std::string>& keys,
@@ -78,7 +96,7 @@ Result<std::vector<std::string>> GrpcCoordinatorLink::StoreGet(const std::vector
   for (const auto& k : keys) req.add_keys(k);
   req.set_wait_ms(static_cast<uint32_t>(timeout.count()));
   v1::StoreGetResponse resp;
-  SPARSYNC_RETURN_IF_ERROR(FromGrpc(stub_->StoreGet(&ctx, req, &resp), "rendezvous store get"));
+  SPARSYNC_RETURN_IF_ERROR(Check(stub_->StoreGet(&ctx, req, &resp), "rendezvous store get"));
   return std::vector<std::string>(resp.values().begin(), resp.values().end());
 }
 
@@ -98,7 +116,7 @@ Result<std::vector<uint32_t>> GrpcCoordinatorLink::Report(
     out->set_ready_ns(r.ready_ns);
   }
   v1::ReportResponse resp;
-  SPARSYNC_RETURN_IF_ERROR(FromGrpc(stub_->Report(&ctx, req, &resp), "reporting to the coordinator"));
+  SPARSYNC_RETURN_IF_ERROR(Check(stub_->Report(&ctx, req, &resp), "reporting to the coordinator"));
   return std::vector<uint32_t>(resp.new_slots().begin(), resp.new_slots().end());
 }
 
@@ -112,7 +130,7 @@ Result<std::vector<ScheduleEntry>> GrpcCoordinatorLink::Poll(int node, uint64_t 
   req.set_after_seq(after_seq);
   req.set_wait_ms(static_cast<uint32_t>(wait.count()));
   v1::PollResponse resp;
-  SPARSYNC_RETURN_IF_ERROR(FromGrpc(stub_->Poll(&ctx, req, &resp), "polling the coordinator"));
+  SPARSYNC_RETURN_IF_ERROR(Check(stub_->Poll(&ctx, req, &resp), "polling the coordinator"));
   std::vector<ScheduleEntry> entries;
   for (const auto& e : resp.entries()) entries.push_back(FromProto(e));
   return entries;
@@ -127,7 +145,7 @@ Status GrpcCoordinatorLink::Fail(int node, const Status& error) {
   req.set_message(error.message());
   req.set_code(static_cast<uint32_t>(error.code()));
   v1::FailResponse resp;
-  return FromGrpc(stub_->Fail(&ctx, req, &resp), "reporting a failure to the coordinator");
+  return Check(stub_->Fail(&ctx, req, &resp), "reporting a failure to the coordinator");
 }
 
 Status GrpcCoordinatorLink::Leave(int node) {
@@ -137,7 +155,7 @@ Status GrpcCoordinatorLink::Leave(int node) {
   req.set_job_token(job_token_);
   req.set_node_rank(node);
   v1::LeaveResponse resp;
-  return FromGrpc(stub_->Leave(&ctx, req, &resp), "leaving the coordinator");
+  return Check(stub_->Leave(&ctx, req, &resp), "leaving the coordinator");
 }
 
 }  // namespace sparsync::negotiation

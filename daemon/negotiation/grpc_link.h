@@ -33,6 +33,8 @@ class GrpcCoordinatorLink : public CoordinatorLink {
 
  private:
   void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds d) const;
+  // FromGrpc with "`doing` at <address>".
+  Status Check(const grpc::Status& status, const char* doing) const;
 
   std::string address_;
   std::string job_token_;

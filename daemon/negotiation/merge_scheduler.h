@@ -1,4 +1,4 @@
-// MergeScheduler: the coordinator's side of planning (DESIGN.md §1.5, ALGORITHMS.md §1). It sees
+// MergeScheduler: the coordinator's side of planning (docs/planning.md; docs/algorithms.md §5.2, §5.4). It sees
 // every gradient tensor when it becomes ready on all nodes, cuts the stream into training steps,
 // measures each layer's backward time from the nodes' ready timestamps, and once it has watched
 // `warmup_steps` steps with the same tensors it asks a planner (planning/planner.h) for merge

@@ -1,4 +1,4 @@
-// Calibration: the planner's cost model measured on the running job at start-up (ALGORITHMS.md §1,
+// Calibration: the planner's cost model measured on the running job at start-up (docs/algorithms.md §5.1,
 // issue 4 item 1), not taken from the paper's constants.
 //   t_s(x): stage A of a sparse group of x elements on this node — residual, non-finite check,
 //           selection with the configured compressor and packing (SparseReducer::Prepare).

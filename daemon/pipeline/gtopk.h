@@ -1,6 +1,6 @@
 // Global top-k (gTop-k): S. Shi, Q. Wang, K. Zhao, Z. Tang, Y. Wang, X. Huang, X. Chu, "A
 // Distributed Synchronous SGD Algorithm with Global Top-k Sparsification for Low Bandwidth
-// Networks", ICDCS 2019 (gTopKAllReduce). ALGORITHMS.md §3-4: log2 P rounds of pairwise
+// Networks", ICDCS 2019 (gTopKAllReduce). docs/algorithms.md §7.2: log2 P rounds of pairwise
 // merge-and-reselect, O(k log P) traffic instead of the allgather's O(k P).
 //
 // Round i (i = 0 .. log2 P - 1): exchange the current sparse set with node rank XOR 2^i

@@ -1,5 +1,5 @@
-// SparsePayload: the wire format of one sparsified tensor (ALGORITHMS.md §2 "Coding length",
-// §3 "Value quantisation"): a fixed header, the indices, the values. Every payload is validated in
+// SparsePayload: the wire format of one sparsified tensor (docs/algorithms.md §8):
+// a fixed header, the indices, the values. Every payload is validated in
 // full before anything is read out of it, so a corrupt or truncated buffer is an error Status,
 // never an out-of-bounds access or a partial update.
 //

@@ -1,4 +1,4 @@
-// The planner's cost model (ALGORITHMS.md §1): what one merge group costs to sparsify and to
+// The planner's cost model (docs/algorithms.md §2): what one merge group costs to sparsify and to
 // exchange, and how long each layer's backward takes. Measured on the running job, not constants:
 // the sparsification and exchange costs are fitted at start-up (pipeline/calibration.h) and the
 // backward times come from the shims' gradient-ready timestamps (planning/backward_profile.h).
@@ -46,7 +46,7 @@ struct CostModel {
 };
 
 // Costs to plan with before anything is measured (SPARSYNC_CALIBRATE=0): the 1 Gb/s Ethernet fits
-// of the OMGS paper for the sparse allgather (ALGORITHMS.md §1, nearest P of 2, 4, 8, 16), a ring
+// of the OMGS paper for the sparse allgather (docs/algorithms.md §2, nearest P of 2, 4, 8, 16), a ring
 // allreduce at 1 Gb/s for dense jobs, and this project's CPU top-k speed for the selection.
 CostModel EstimatedCostModel(int num_nodes, double density, bool dense);
 

@@ -1,4 +1,4 @@
-// CostTracker: the planner's cost model kept current while the job trains (ALGORITHMS.md §1,
+// CostTracker: the planner's cost model kept current while the job trains (docs/algorithms.md §5.3,
 // issue 4 item 1). It starts from the start-up calibration (pipeline/calibration.h), which times
 // the compressor and the exchange on an idle node, and takes the costs the executor measures on
 // node 0 for every gradient group it reduces (pipeline/executor.h's GroupCost). Those include what

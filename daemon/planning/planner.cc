@@ -151,7 +151,7 @@ Timeline Simulate(const PlanInput& in, const std::vector<size_t>& starts) {
 }
 
 Plan PlanOmgs(const PlanInput& in) {
-  // Merge layer i into the open group G iff t_w < t_save (ALGORITHMS.md §1):
+  // Merge layer i into the open group G iff t_w < t_save (docs/algorithms.md §4.1):
   //   t_w    = how much later G's sparsification ends when it also waits for layer i, plus the
   //            extra selection cost of the bigger group, minus the time G would have queued for
   //            the network anyway;

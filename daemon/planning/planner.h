@@ -1,4 +1,4 @@
-// Merge planners (ALGORITHMS.md §1): split the gradient tensors of one step, in the order backward
+// Merge planners (docs/algorithms.md §3-4): split the gradient tensors of one step, in the order backward
 // produces them, into contiguous merge groups, and predict the iteration time of the result.
 //
 //   omgs       the greedy rule of OMGS-SGD (Shi et al., "Communication-Efficient Distributed Deep

@@ -1,5 +1,5 @@
 // Transport: moves bytes between the nodes of a job (one participant per node). Knows nothing of
-// tensors, sparsity or protobuf (STYLE.md §3).
+// tensors, sparsity or protobuf (docs/style.md §4).
 //
 // Contract: every node calls the same collectives in the same order with the same tags (the
 // schedule guarantees it); each call blocks until its result is in place or fails with a Status

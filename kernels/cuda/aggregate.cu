@@ -1,5 +1,5 @@
 // CUDA float16 packing of sent values, the scatter-add + average of gathered payloads
-// (DESIGN.md §1.7: unpack and scatter-add in a fixed rank order, so that every node holds
+// (docs/algorithms.md §6: unpack and scatter-add in a fixed rank order, so that every node holds
 // bit-identical results) and the in-place division of a dense sum into an average.
 //
 // Scatter-add without atomics and without sorting: the dense output is cut into tiles of

@@ -1,5 +1,5 @@
 #pragma once
-// The one place where CUDA runtime errors become kernels/ Status values (STYLE.md: each foreign
+// The one place where CUDA runtime errors become kernels/ Status values (docs/style.md §2: each foreign
 // error space is converted in exactly one file).
 
 #include <cuda_runtime_api.h>

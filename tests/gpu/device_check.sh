@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU device check of the CUDA kernels (DESIGN.md §6; issue 5, item 5). On a machine with a GPU,
+# GPU device check of the CUDA kernels (README, "GPU"; issue 5, item 5). On a machine with a GPU,
 # CUDA, CMake, ninja and PyTorch (no gRPC, Gloo, GoogleTest or internet needed), from the
 # repository root:
 #

@@ -1,4 +1,4 @@
-// LoopbackTransport: ranks as threads of one process, for tests (STYLE.md §2.10). Results are
+// LoopbackTransport: ranks as threads of one process, for tests (docs/style.md §6). Results are
 // combined in rank order, so they are bit-identical on every rank like the real backends'.
 #pragma once
 

@@ -1,7 +1,7 @@
 // CudaNcclApi: NcclApi over NCCL (a non-blocking communicator) and the CUDA runtime (one
 // non-blocking stream, cudaMalloc'd device buffers, cudaMallocHost'd pinned buffers).
 //
-// The one file that converts ncclResult_t and cudaError_t to Status (STYLE.md §2.3). Every entry
+// The one file that converts ncclResult_t and cudaError_t to Status (docs/style.md §2). Every entry
 // point first makes the bound device current on the calling thread, because the transport may be
 // called from any thread and cudaMalloc and NCCL's enqueues use the current device.
 #include "daemon/transport/nccl/cuda_nccl_api.h"

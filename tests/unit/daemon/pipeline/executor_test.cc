@@ -620,23 +620,77 @@ TEST(ExecutorTest, ReportsWhatEachGradientGroupCost) {
   EXPECT_FALSE(costs[1].sparse) << "below min_compress_bytes: dense";
 }
 
+// A plan announcement (a plan, no group) is for the node agent only: the executor prepares and
+// exchanges nothing for it and sends no DONE, and the groups around it, in the same batch or
+// not, run as if it were not there. Both with the two stages' threads and one entry at a time.
 TEST(ExecutorTest, PlanAnnouncementsAreSkipped) {
-  const std::vector<TensorSpec> specs = {{"a", 1000}};
-  auto hub = std::make_shared<transport::LoopbackHub>(1);
-  transport::LoopbackTransport loopback(hub, 0);
-  Node node(World{0, 1, 1}, specs, &loopback, SparseConfig(), ExecutorOptions{},
-            [](const Status& st) { ADD_FAILURE() << st.ToString(); });
-  node.executor().Start();
-  node.Post(1);
-  ScheduleEntry plan;
-  plan.seq = 1;
-  plan.plan = std::make_shared<const negotiation::PlanInfo>();
-  node.feed().Push({plan});
-  node.feed().Push(Schedule({{0}}, 2));
-  auto dones = node.ReadDones(std::chrono::seconds(10));
-  EXPECT_EQ(dones[0].status, SPARSYNC_OK) << dones[0].message;
-  node.executor().Stop();
-  node.executor().Stop();  // idempotent
+  for (bool pipelined : {true, false}) {
+    SCOPED_TRACE(pipelined ? "pipelined" : "one entry at a time");
+    const std::vector<TensorSpec> specs = {{"a", 1000}, {"b", 300}};
+    auto hub = std::make_shared<transport::LoopbackHub>(1);
+    transport::LoopbackTransport loopback(hub, 0);
+    RecordingTransport recorder(&loopback);
+    std::mutex mu;
+    std::vector<uint64_t> prepared;
+    ExecutorOptions options;
+    options.on_prepared = [&](uint64_t seq) {
+      std::lock_guard lock(mu);
+      prepared.push_back(seq);
+    };
+    options.on_exchange = [&](uint64_t seq) { recorder.Mark("entry " + std::to_string(seq)); };
+    Node node(World{0, 1, 1}, specs, &recorder, SparseConfig(), options,
+              [](const Status& st) { ADD_FAILURE() << st.ToString(); });
+    if (pipelined) node.executor().Start();
+    auto plan = [](uint64_t seq, uint32_t version) {
+      negotiation::PlanInfo info;
+      info.version = version;
+      info.planner = "layerwise";
+      info.groups = {{1}, {2}};
+      ScheduleEntry e;
+      e.seq = seq;
+      e.plan = std::make_shared<const negotiation::PlanInfo>(std::move(info));
+      return e;
+    };
+    node.Post(1);
+    node.feed().Push({plan(1, 1)});
+    if (!pipelined) node.executor().RunOnce(std::chrono::milliseconds(0));
+    auto dones = node.ReadDones(std::chrono::milliseconds(100));
+    EXPECT_EQ(dones[0].status, -1) << "a DONE for the announcement";
+    EXPECT_TRUE(recorder.log().empty()) << "the announcement was exchanged";
+    {
+      std::lock_guard lock(mu);
+      EXPECT_TRUE(prepared.empty()) << "the announcement was prepared";
+    }
+    // Its groups, with the next plan's announcement between them in one batch.
+    auto groups = Schedule({{0}, {1}}, 2);
+    for (uint32_t i = 0; i < 2; ++i) {
+      groups[i].plan_version = 1;
+      groups[i].group_index = i;
+    }
+    groups[1].seq = 4;
+    node.feed().Push({groups[0], plan(3, 2), groups[1]});
+    if (!pipelined) node.executor().RunOnce(std::chrono::milliseconds(0));
+    dones = node.ReadDones(std::chrono::seconds(10));
+    for (size_t t = 0; t < specs.size(); ++t) {
+      EXPECT_EQ(dones[t].status, SPARSYNC_OK) << specs[t].name << ": " << dones[t].message;
+    }
+    EXPECT_EQ(recorder.log(), (std::vector<std::string>{"entry 2", "allreduce 0", "entry 4",
+                                                        "allreduce 1"}));
+    {
+      std::lock_guard lock(mu);
+      EXPECT_EQ(prepared, (std::vector<uint64_t>{2, 4}));
+    }
+    // One node, one worker, average: each result is the worker's own input.
+    std::vector<float> expected;
+    for (size_t t = 0; t < specs.size(); ++t) {
+      for (size_t i = 0; i < static_cast<size_t>(specs[t].numel); ++i) {
+        expected.push_back(Value(0, 0, t, i, 1));
+      }
+    }
+    EXPECT_EQ(node.Results(), expected);
+    node.executor().Stop();
+    node.executor().Stop();  // idempotent
+  }
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // FakeNcclWorld: NCCL's semantics on host memory, with the nodes of one communicator as threads of
-// one process, so NcclTransport's multi-node logic is tested without a GPU (STYLE.md §2.10).
+// one process, so NcclTransport's multi-node logic is tested without a GPU (docs/style.md §6).
 //
 // What it models, strictly enough to catch a transport that gets NCCL wrong:
 //   - One stream per node, executed in call order. A copy runs when it reaches the head of its
