@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "daemon/common/job_token.h"
 #include "daemon/device/device_dense_path.h"
 #include "daemon/device/device_intake.h"
 #include "daemon/device/device_topk_path.h"
@@ -12,6 +13,7 @@
 #include "daemon/negotiation/coordinator_core.h"
 #include "daemon/negotiation/grpc_link.h"
 #include "daemon/negotiation/grpc_service.h"
+#include "daemon/negotiation/grpc_tls.h"
 #include "daemon/negotiation/node_agent.h"
 #include "daemon/pipeline/calibration.h"
 #include "daemon/pipeline/executor.h"
@@ -50,8 +52,50 @@ Daemon::Daemon(Config config) : config_(std::move(config)) {}
 
 Daemon::~Daemon() { Stop(); }
 
+void Daemon::Interrupt() {
+  interrupted_ = true;
+  {
+    std::lock_guard lock(parts_mu_);
+    if (starting_) CancelStartWaits();
+  }
+  interrupted_cv_.notify_all();
+}
+
+void Daemon::WaitForInterrupt() {
+  std::unique_lock lock(parts_mu_);
+  interrupted_cv_.wait(lock, [&] { return interrupted_.load(); });
+}
+
+void Daemon::CancelStartWaits() {
+  if (core_) core_->Cancel();
+  if (remote_link_) remote_link_->Cancel();
+  if (transport_) transport_->Abort(Aborted("the daemon was stopped during start-up"));
+}
+
 Status Daemon::Start() {
+  {
+    std::lock_guard lock(parts_mu_);
+    starting_ = true;
+  }
+  Status st = StartParts();
+  std::lock_guard lock(parts_mu_);
+  starting_ = false;
+  if (interrupted_ && !st.ok()) return Aborted("stopped during start-up (" + st.message() + ")");
+  return st;
+}
+
+Status Daemon::StartParts() {
   spdlog::info("starting: {}", config_.Describe());
+  if (config_.job_token_generated) {
+    spdlog::info("no job token given: generated one; the workers of this node read it from {}{}",
+                 WorkerTokenPath(config_.socket_path),
+                 config_.num_nodes > 1 ? ", the other nodes need it in SPARSYNC_JOB_TOKEN_FILE"
+                                       : "");
+  }
+  auto server_credentials = negotiation::ServerCredentials(config_.tls);
+  if (!server_credentials.ok()) return server_credentials.status();
+  auto channel_credentials = negotiation::ChannelCredentials(config_.tls);
+  if (!channel_credentials.ok()) return channel_credentials.status();
   if (config_.node_rank == 0) {
     negotiation::CoordinatorOptions options;
     options.num_nodes = config_.num_nodes;
@@ -66,26 +110,35 @@ Status Daemon::Start() {
     options.merge.replan_drift = config_.merge.replan_drift;
     options.merge.replan_steps = config_.merge.replan_steps;
     options.merge.dense_by_default = config_.compressor == Compressor::kNone;
-    core_ = std::make_unique<negotiation::CoordinatorCore>(options, config_.local_size,
-                                                           config_.job_token);
+    {
+      std::lock_guard lock(parts_mu_);
+      core_ = std::make_unique<negotiation::CoordinatorCore>(options, config_.local_size,
+                                                             config_.job_token);
+      if (interrupted_) CancelStartWaits();
+    }
     core_->SetCostModel(planning::EstimatedCostModel(
         config_.num_nodes, config_.density, config_.compressor == Compressor::kNone));
     core_->Start();
     if (config_.num_nodes > 1) {
-      server_ = std::make_unique<negotiation::CoordinatorServer>(core_.get());
+      server_ = std::make_unique<negotiation::CoordinatorServer>(core_.get(),
+                                                                 *server_credentials);
       SPARSYNC_RETURN_IF_ERROR(server_->Start(config_.coordinator));
-      spdlog::info("coordinator serving on {}", config_.coordinator);
+      spdlog::info("coordinator serving on {}{}", config_.coordinator,
+                   config_.tls.enabled() ? " (mutual TLS)" : "");
     }
     link_ = core_.get();
   } else {
+    std::lock_guard lock(parts_mu_);
     remote_link_ = std::make_unique<negotiation::GrpcCoordinatorLink>(
-        config_.coordinator, config_.job_token, std::chrono::seconds(10));
+        config_.coordinator, config_.job_token, std::chrono::seconds(10), *channel_credentials);
     link_ = remote_link_.get();
+    if (interrupted_) CancelStartWaits();
   }
 
   negotiation::JoinInfo join{negotiation::kProtocolVersion, config_.job_token, config_.node_rank,
-                             config_.num_nodes, config_.local_size};
+                             config_.num_nodes, config_.local_size, ""};
   SPARSYNC_RETURN_IF_ERROR(link_->Join(join, config_.timeout()));
+  joined_ = true;
   spdlog::info("all {} node(s) joined", config_.num_nodes);
 
   store_ = std::make_unique<LinkStore>(link_);
@@ -93,13 +146,17 @@ Status Daemon::Start() {
     auto transport = transport::CreateNcclTransport(config_.node_rank, config_.num_nodes,
                                                     store_.get(), config_.timeout(), /*device=*/0);
     if (!transport.ok()) return transport.status();
+    std::lock_guard lock(parts_mu_);
     transport_ = std::move(*transport);
+    if (interrupted_) CancelStartWaits();
     spdlog::info("NCCL communicator ready");
   } else {
     auto transport = transport::GlooTransport::Create(
         config_.node_rank, config_.num_nodes, config_.listen, store_.get(), config_.timeout());
     if (!transport.ok()) return transport.status();
+    std::lock_guard lock(parts_mu_);
     transport_ = std::move(*transport);
+    if (interrupted_) CancelStartWaits();
     spdlog::info("Gloo mesh connected");
   }
 
@@ -149,7 +206,8 @@ Status Daemon::Start() {
                                                     LivenessWindow(config_));
   handler_ = std::make_unique<intake::WorkerHandler>(
       world, config_.job_token, &failure_, table_.get(), device_.get(),
-      [this](negotiation::ReadyTensor t) { agent_->Report(std::move(t)); });
+      [this](negotiation::ReadyTensor t) { agent_->Report(std::move(t)); },
+      std::make_shared<intake::RegionBudget>(config_.max_registered_bytes));
   // The handler answers every pending collective, then the agent tells the coordinator.
   failure_.Observe([this](const Status& e, JobFailure::Source s) { handler_->OnFailure(e, s); });
   failure_.Observe([this](const Status& e, JobFailure::Source s) { agent_->OnFailure(e, s); });
@@ -168,21 +226,30 @@ Status Daemon::Start() {
       sparse_.get(), std::move(paths), std::move(executor_options));
   agent_->Start();
   executor_->Start();
+  if (interrupted_) return Aborted("stopped during start-up");
   intake_ = std::make_unique<intake::IntakeServer>(config_.socket_path, config_.node_rank,
-                                                   handler_.get(), config_.timeout());
+                                                   handler_.get(), config_.timeout(),
+                                                   config_.job_token);
   return intake_->Start();
 }
 
 void Daemon::Stop() {
   if (stopped_) return;
   stopped_ = true;
+  const Status stopping = Aborted("the daemon of node " + std::to_string(config_.node_rank) +
+                                  " is shutting down");
   if (handler_) {
-    failure_.Fail(Aborted("the daemon of node " + std::to_string(config_.node_rank) +
-                          " is shutting down"),
-                  JobFailure::Source::kShutdown);
+    // Every waiting worker hears it, and the agent tells the coordinator, which fails the
+    // collectives of every node with this reason (a second failure changes nothing).
+    failure_.Fail(stopping, JobFailure::Source::kShutdown);
+  } else if (link_ && joined_) {
+    (void)link_->Leave(config_.node_rank);  // started half-way: the others need not wait
   }
   if (intake_) intake_->Stop();
-  if (agent_ && transport_) agent_->Leave();
+  // Nothing may now wait out a deadline: the link's calls end, a collective blocked on a peer
+  // ends (issue 16, D9).
+  if (remote_link_) remote_link_->Cancel();
+  if (transport_) transport_->Abort(stopping);
   if (executor_) executor_->Stop();
   if (agent_) agent_->Stop();
   if (server_) server_->Stop();

@@ -13,6 +13,7 @@ packages=(
   python3 python3-venv python3-pip python3-numpy python3-pytest python3-torch python3-torchvision
   python3-matplotlib
   dataset-fashion-mnist
+  clang libclang-rt-14-dev openssl  # tests/fuzz (libFuzzer), the TLS tests' throwaway CA
 )
 
 missing=()

@@ -4,8 +4,9 @@
 # library's on the CPU emulation of the CUDA execution model (no GPU here or in CI: the only check
 # of the kernels' logic that runs everywhere), the daemon and kernel suites again under
 # AddressSanitizer and UBSan, the suites of the multi-threaded parts (executor stages, tensor
-# table, coordinator, NCCL transport, device layer) under ThreadSanitizer, and the multi-process
-# pytest suite with real daemons.
+# table, coordinator, NCCL transport, device layer) under ThreadSanitizer, the multi-process
+# pytest suite with real daemons, the libFuzzer targets for 20 s each, and three fault trials of
+# each kind (tests/faults; they need root for network namespaces).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -26,8 +27,9 @@ tests/gpu/emulation/run.sh --plugin --gtest_brief=1
 echo "== GoogleTest under AddressSanitizer + UBSan"
 cmake -S . -B build-asan -G Ninja -DSPARSYNC_SANITIZE=ON -DSPARSYNC_BUILD_BENCH=OFF -DSPARSYNC_WERROR=ON
 cmake --build build-asan --target daemon_test kernels_test
-UBSAN_OPTIONS=halt_on_error=1 build-asan/tests/unit/daemon_test --gtest_brief=1
-UBSAN_OPTIONS=halt_on_error=1 build-asan/kernels/kernels_test --gtest_brief=1
+# LeakSanitizer too (on by default with ASan on Linux; said explicitly so that it stays on).
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 build-asan/tests/unit/daemon_test --gtest_brief=1
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 build-asan/kernels/kernels_test --gtest_brief=1
 
 echo "== GoogleTest under ThreadSanitizer"
 cmake -S . -B build-tsan -G Ninja -DSPARSYNC_TSAN=ON -DSPARSYNC_BUILD_BENCH=OFF -DSPARSYNC_WERROR=ON
@@ -38,3 +40,12 @@ done
 
 echo "== pytest (multi-process, real daemons)"
 .venv/bin/python -m pytest tests/integration -q
+
+echo "== libFuzzer (tests/fuzz): each target for 20 s from its seed corpus"
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DSPARSYNC_FUZZ=ON -DSPARSYNC_CUDA=OFF -DSPARSYNC_BUILD_TESTS=OFF -DSPARSYNC_BUILD_BENCH=OFF
+cmake --build build-fuzz --target fuzz_targets
+tests/fuzz/run.sh build-fuzz 20
+
+echo "== fault trials (tests/faults): 3 of each kind on 4 nodes"
+.venv/bin/python tests/faults/trials.py --trials 3

@@ -3,7 +3,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "daemon/negotiation/coordinator_link.h"
@@ -15,9 +18,11 @@ namespace sparsync::negotiation {
 class GrpcCoordinatorLink : public CoordinatorLink {
  public:
   // `rpc_timeout`: deadline of the short calls (everything but Join, StoreGet and Poll, whose
-  // deadline follows their own wait).
+  // deadline follows their own wait). `credentials`: insecure or TLS (grpc_tls.h).
   GrpcCoordinatorLink(const std::string& address, std::string job_token,
-                      std::chrono::milliseconds rpc_timeout);
+                      std::chrono::milliseconds rpc_timeout,
+                      std::shared_ptr<grpc::ChannelCredentials> credentials =
+                          grpc::InsecureChannelCredentials());
   ~GrpcCoordinatorLink() override;
 
   Status Join(const JoinInfo& info, std::chrono::milliseconds timeout) override;
@@ -30,8 +35,10 @@ class GrpcCoordinatorLink : public CoordinatorLink {
                                           std::chrono::milliseconds wait) override;
   Status Fail(int node, const Status& error) override;
   Status Leave(int node) override;
+  void Cancel() override;
 
  private:
+  class Call;  // one RPC in flight, registered so that Cancel can end it
   void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds d) const;
   // FromGrpc with "`doing` at <address>".
   Status Check(const grpc::Status& status, const char* doing) const;
@@ -41,6 +48,10 @@ class GrpcCoordinatorLink : public CoordinatorLink {
   std::chrono::milliseconds rpc_timeout_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::mutex calls_mu_;
+  std::condition_variable cancelled_cv_;      // Join's back-off ends early on Cancel
+  std::set<grpc::ClientContext*> calls_;      // guarded by calls_mu_
+  bool cancelled_ = false;                    // guarded by calls_mu_
 };
 
 }  // namespace sparsync::negotiation

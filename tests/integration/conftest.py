@@ -210,7 +210,7 @@ def job_factory(daemon, short_tmp):
 
     def make(nodes, local_size, extra_env=None):
         sub = short_tmp / ("j%d" % len(jobs))
-        sub.mkdir()
+        sub.mkdir(mode=0o700)  # the daemons refuse a socket directory others may enter
         job = Job(daemon, nodes, local_size, sub, extra_env)
         jobs.append(job)
         return job.start()

@@ -13,6 +13,7 @@
 
 #include <cstring>
 #include <exception>
+#include <sstream>
 
 namespace sparsync::transport {
 namespace {
@@ -52,6 +53,23 @@ void SumInto(void* c, const void* a, const void* b, size_t n) {
   gloo::sum<T>(c, a, b, n);
 }
 
+// How long a broken connection waits for the job's reason before it is reported as its own.
+constexpr auto kVerdictGrace = std::chrono::seconds(1);
+
+// Where each pair of this node listens, as its peer names it in errors ("[10.0.0.3]:41234"):
+// published through the rendezvous store after the mesh is connected, so that an error naming
+// a peer's address can name its node.
+std::string PairAddressKey(int rank) { return "sparsync/gloo-pair-addresses/" + std::to_string(rank); }
+
+// Gloo's messages start with the source location "[.../pair.cc:589] ": not for users.
+std::string WithoutLocation(std::string text) {
+  if (!text.empty() && text.front() == '[') {
+    const size_t close = text.find("] ");
+    if (close != std::string::npos && text.find(':') < close) text.erase(0, close + 2);
+  }
+  return text;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<GlooTransport>> GlooTransport::Create(int rank, int size,
@@ -66,21 +84,77 @@ Result<std::unique_ptr<GlooTransport>> GlooTransport::Create(int rank, int size,
     context->setTimeout(timeout);
     StoreAdapter adapter(store, timeout);
     context->connectFullMesh(adapter, device);
-    return std::unique_ptr<GlooTransport>(new GlooTransport(rank, size, context));
+    // Each pair's own address, one line per rank (empty for this one), for the other nodes.
+    std::string mine;
+    for (int r = 0; r < size; ++r) {
+      mine += (r == rank ? std::string() : context->getPair(r)->address().str()) + "\n";
+    }
+    SPARSYNC_RETURN_IF_ERROR(store->Set(PairAddressKey(rank), mine));
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(PairAddressKey(r));
+    SPARSYNC_ASSIGN_OR_RETURN(std::vector<std::string> all, store->Get(keys, timeout));
+    std::vector<std::string> peers(size);
+    for (int r = 0; r < size; ++r) {
+      // Line `rank` of node r's list: where r's pair with this node listens.
+      std::istringstream lines(all[r]);
+      for (int i = 0; i <= rank && std::getline(lines, peers[r]); ++i) {
+      }
+    }
+    return std::unique_ptr<GlooTransport>(
+        new GlooTransport(rank, size, context, std::move(peers)));
   } catch (const std::exception& e) {
     return Unavailable(std::string("connecting the Gloo mesh from ") + listen +
                        " (SPARSYNC_LISTEN) failed: " + e.what());
   }
 }
 
-GlooTransport::GlooTransport(int rank, int size, std::shared_ptr<gloo::Context> context)
-    : rank_(rank), size_(size), context_(std::move(context)) {}
+GlooTransport::GlooTransport(int rank, int size, std::shared_ptr<gloo::Context> context,
+                             std::vector<std::string> peer_addresses)
+    : rank_(rank),
+      size_(size),
+      context_(std::move(context)),
+      peer_addresses_(std::move(peer_addresses)) {}
 
 GlooTransport::~GlooTransport() = default;
 
 void GlooTransport::Abort(const Status& reason) {
-  std::lock_guard lock(mu_);
-  if (aborted_.ok()) aborted_ = reason.ok() ? Aborted("transport aborted") : reason;
+  {
+    std::lock_guard lock(mu_);
+    if (!aborted_.ok()) return;
+    aborted_ = reason.ok() ? Aborted("transport aborted") : reason;
+  }
+  aborted_cv_.notify_all();
+  // Closing every pair fails what the peers exchange with this node at once; they abort in turn
+  // (the job failed), and their closing ends a collective of this node blocked on them.
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) context_->getPair(r)->close();
+  }
+}
+
+std::string GlooTransport::Describe(const std::string& what, const std::string& gloo_error) const {
+  const std::string text = WithoutLocation(gloo_error);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || peer_addresses_[r].empty()) continue;
+    if (text.find(peer_addresses_[r]) == std::string::npos) continue;
+    return "Gloo " + what + " on node " + std::to_string(rank_) + ": the connection to node " +
+           std::to_string(r) + " (" + peer_addresses_[r] + ") broke (" + text +
+           "): the daemon of node " + std::to_string(r) + " died or the network failed";
+  }
+  return "Gloo " + what + " on node " + std::to_string(rank_) + " failed: " + text;
+}
+
+Status GlooTransport::Failed(const std::string& what, const std::exception& e) {
+  Status own;
+  {
+    std::unique_lock lock(mu_);
+    if (aborted_.ok()) {
+      aborted_cv_.wait_for(lock, kVerdictGrace, [&] { return !aborted_.ok(); });
+    }
+    if (!aborted_.ok()) return aborted_;
+    own = Unavailable(Describe(what, e.what()));
+  }
+  Abort(own);
+  return own;
 }
 
 Status GlooTransport::Guard(const char* what) {
@@ -117,8 +191,7 @@ Status GlooTransport::AllReduceSum(void* data, size_t count, ElementType type, u
     gloo::allreduce(opts);
     return Status::Ok();
   } catch (const std::exception& e) {
-    Abort(Unavailable(std::string("Gloo allreduce failed: ") + e.what()));
-    return Guard("after failure");
+    return Failed("allreduce", e);
   }
 }
 
@@ -142,8 +215,7 @@ Status GlooTransport::AllGatherV(const void* send, size_t send_bytes, void* recv
     gloo::allgatherv(opts);
     return Status::Ok();
   } catch (const std::exception& e) {
-    Abort(Unavailable(std::string("Gloo allgatherv failed: ") + e.what()));
-    return Guard("after failure");
+    return Failed("allgatherv", e);
   }
 }
 
@@ -158,8 +230,7 @@ Status GlooTransport::Broadcast(void* data, size_t bytes, int root, uint32_t tag
     gloo::broadcast(opts);
     return Status::Ok();
   } catch (const std::exception& e) {
-    Abort(Unavailable(std::string("Gloo broadcast failed: ") + e.what()));
-    return Guard("after failure");
+    return Failed("broadcast", e);
   }
 }
 
@@ -222,8 +293,7 @@ Status GlooTransport::SendRecv(int peer, const void* send, size_t send_bytes, vo
     *recv_bytes = theirs[0];
     return Status::Ok();
   } catch (const std::exception& e) {
-    Abort(Unavailable("Gloo sendrecv with node " + std::to_string(peer) + " failed: " + e.what()));
-    return Guard("after failure");
+    return Failed("sendrecv with node " + std::to_string(peer), e);
   }
 }
 

@@ -66,7 +66,9 @@ def init(comm=None, process_sets=None):
         if _state.client is not None:
             return
         path = os.environ.get("SPARSYNC_SOCKET") or default_socket_path()
-        token = os.environ.get("SPARSYNC_JOB_TOKEN", "")
+        # Unset: the client library reads SPARSYNC_JOB_TOKEN_FILE, or the daemon's token file.
+        token = os.environ.get("SPARSYNC_JOB_TOKEN") or None
+        token_file = os.environ.get("SPARSYNC_JOB_TOKEN_FILE") or None
         try:
             local = int(os.environ.get("SPARSYNC_LOCAL_RANK", "0") or 0)
         except ValueError:
@@ -78,7 +80,7 @@ def init(comm=None, process_sets=None):
         _state.timeout_hint = "SPARSYNC_TIMEOUT_S=%g plus %g s" % (daemon_timeout,
                                                                      _DAEMON_GRACE_S)
         cudart = os.environ.get("SPARSYNC_CUDART", "")  # for CUDA tensors; "": the default
-        client = C.Client(path, token, local, connect_s, cudart)
+        client = C.Client(path, token, local, connect_s, cudart, job_token_file=token_file)
         expected = os.environ.get("SPARSYNC_RANK")
         if expected not in (None, "") and int(expected) != client.world["rank"]:
             client.close()

@@ -208,5 +208,53 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(std::get<1>(info.param)) + "Ranks";
     });
 
+// Gloo's failures (issue 16, D4, D9). A node whose daemon goes away closes its connections: the
+// collectives of its peers fail at once, naming it, instead of waiting for the timeout.
+using Clock = std::chrono::steady_clock;
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+TEST(GlooFailureTest, ALostNodeIsNamedByThePeersWaitingForIt) {
+  auto cluster = Cluster(Backend::kGloo, 3);
+  std::vector<Status> got(3);
+  const auto start = Clock::now();
+  OnEachRank(cluster, [&](int r, Transport& t) {
+    if (r == 2) {  // stands for a daemon that died: its connections close
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      t.Abort(Aborted("gone"));
+      return;
+    }
+    std::vector<float> x(100000, 1.0f);
+    got[r] = t.AllReduceSum(x.data(), x.size(), ElementType::kFloat32, 1);
+  });
+  EXPECT_LT(SecondsSince(start), 6.0) << "the timeout is 20 s: the failure must not wait for it";
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(got[r].ok()) << r;
+    EXPECT_NE(got[r].message().find("node 2 ("), std::string::npos) << got[r].message();
+    EXPECT_NE(got[r].message().find("node " + std::to_string(r)), std::string::npos)
+        << "names the node that saw it: " << got[r].message();
+  }
+}
+
+// The job failed elsewhere: every node aborts with the job's reason. A collective blocked on a
+// peer ends as soon as that peer aborts too, with the reason, not with the broken connection.
+TEST(GlooFailureTest, AbortEndsABlockedCollectiveWithTheJobsReason) {
+  auto cluster = Cluster(Backend::kGloo, 2);
+  Status got;
+  const auto start = Clock::now();
+  std::thread waiting([&] {
+    float x = 1;
+    got = cluster[0]->AllReduceSum(&x, 1, ElementType::kFloat32, 1);  // node 1 never joins
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  cluster[0]->Abort(Aborted("tensor 'w' differs across nodes"));
+  cluster[1]->Abort(Aborted("tensor 'w' differs across nodes"));
+  waiting.join();
+  EXPECT_LT(SecondsSince(start), 5.0);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.message(), "tensor 'w' differs across nodes");
+}
+
 }  // namespace
 }  // namespace sparsync::transport

@@ -284,8 +284,10 @@ TEST_F(ClientTest, AConnectionClosedMidWaitIsUnavailableAndNamesThePath) {
   EXPECT_LT(SecondsSince(start), 5.0);
   closer.join();
   const std::string error = LastError();
-  EXPECT_THAT(error, HasSubstr("connection to sparsyncd at '" + daemon_.socket_path() + "' lost"));
+  EXPECT_THAT(error, HasSubstr("connection to sparsyncd of node 0 at '" + daemon_.socket_path() +
+                               "' lost"));
   EXPECT_THAT(error, HasSubstr("closed the connection"));
+  EXPECT_THAT(error, HasSubstr("the daemon of node 0 died or was stopped"));
   EXPECT_EQ(sparsync_post_ready(client_, id), SPARSYNC_ERR_UNAVAILABLE) << "the failure sticks";
   EXPECT_EQ(LastError(), error);
 }
