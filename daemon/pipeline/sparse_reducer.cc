@@ -153,6 +153,13 @@ Status SparseReducer::Pack(int64_t n, bool with_delivered, PreparedGroup* prepar
 
 Status SparseReducer::Prepare(std::span<const GroupSlice> slices, std::span<const float> group,
                               uint64_t step, uint32_t group_id, PreparedGroup* prepared) {
+  prepared->work.assign(group.begin(), group.end());
+  return PrepareWork(slices, step, group_id, prepared);
+}
+
+Status SparseReducer::PrepareWork(std::span<const GroupSlice> slices, uint64_t step,
+                                  uint32_t group_id, PreparedGroup* prepared) {
+  std::span<const float> group = prepared->work;  // the local sum, before the residual
   const size_t n = group.size();
   const int64_t bad = FirstNonFinite(group);
   if (bad >= 0 && config_.nonfinite == NonFinitePolicy::kError) {
@@ -160,7 +167,6 @@ Status SparseReducer::Prepare(std::span<const GroupSlice> slices, std::span<cons
   }
   prepared->finite = bad < 0;
   prepared->nonfinite_tensor = prepared->finite ? std::string() : SliceName(slices, bad);
-  prepared->work.assign(group.begin(), group.end());
   prepared->indices.clear();
   prepared->values.clear();
   prepared->delivered.clear();

@@ -181,7 +181,7 @@ Status Session::LoadCuda(const std::string& tensor, int32_t device) {
 }
 
 Status Session::Register(const sparsync_tensor_spec& spec, const CudaTarget* cuda,
-                         Registration* out) {
+                         bool hand_over, Registration* out) {
   Lock lock(mu_);
   if (broken_) return Broken();
   sparsync_register_msg m;
@@ -198,7 +198,10 @@ Status Session::Register(const sparsync_tensor_spec& spec, const CudaTarget* cud
     if (!buffer) return Status(SPARSYNC_ERR_INVALID, "tensor '" + name + "': " + error);
   }
   uint32_t tid = 0;
-  if (!registry_.Reserve(/*map_region=*/cuda == nullptr, &tid)) {
+  const RegionUse use = cuda != nullptr ? RegionUse::kDiscard
+                        : hand_over     ? RegionUse::kHandOver
+                                        : RegionUse::kMap;
+  if (!registry_.Reserve(use, &tid)) {
     return Status(SPARSYNC_ERR_INVALID, "more than " +
                                             std::to_string(SPARSYNC_MAX_TENSORS_PER_WORKER) +
                                             " tensors registered by this worker");
@@ -228,7 +231,8 @@ Status Session::Register(const sparsync_tensor_spec& spec, const CudaTarget* cud
   }
   out->id = tid;
   out->data = p.region.data();
-  out->bytes = p.region.bytes();
+  out->bytes = use == RegionUse::kHandOver ? p.fd_bytes : p.region.bytes();
+  out->fd = p.fd.Release();
   Tensor t;
   t.name = name;
   t.op = spec.op;

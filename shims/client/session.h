@@ -43,8 +43,9 @@ struct CudaTarget {
 // What a successful registration hands back: the id and, for host tensors, the shared buffer.
 struct Registration {
   uint32_t id = 0;
-  void* data = nullptr;
+  void* data = nullptr;  // the library's mapping (RegionUse::kMap)
   uint64_t bytes = 0;
+  int fd = -1;  // RegionUse::kHandOver: the memfd, which the caller now owns
 };
 
 class Session {
@@ -59,9 +60,11 @@ class Session {
   // Set by the handshake, constant afterwards.
   const sparsync_world& world() const { return world_; }
 
-  // `cuda` null: a host tensor in a shared region; else the device buffer to export (the CUDA
-  // runtime is loaded on the first such call). REQUIRES: spec.name is not null.
-  Status Register(const sparsync_tensor_spec& spec, const CudaTarget* cuda, Registration* out);
+  // `cuda` null: a host tensor in a shared region, mapped here or (`hand_over`) handed to the
+  // caller as its memfd; else the device buffer to export (the CUDA runtime is loaded on the
+  // first such call). REQUIRES: spec.name is not null.
+  Status Register(const sparsync_tensor_spec& spec, const CudaTarget* cuda, bool hand_over,
+                  Registration* out);
   // `stream` null: a host tensor; else (CUDA tensors) the stream to record the ready event on.
   Status PostReady(uint32_t id, const device::CudaStream* stream);
   // `stream` null: a host tensor; else (CUDA tensors) the stream made to wait on the done event.

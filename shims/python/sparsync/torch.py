@@ -199,7 +199,7 @@ def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0):
             buf = _buffer_view(reg, sent_dtype)
             flat = src.reshape(-1)
             if flat.numel():
-                buf.copy_(flat.to(device="cpu", dtype=sent_dtype))
+                buf.copy_(flat)  # one pass, converting dtype and device on the way
                 if prescale != 1.0:
                     buf.mul_(prescale)
             client.post(reg)
@@ -340,7 +340,7 @@ def _broadcast_async(tensor, output, root_rank, name):
         result = _buffer_view(reg, sent_dtype).reshape(shape)
         if output is None:
             return result.to(dtype=dtype, device=device, copy=True)
-        output.copy_(result.to(dtype=dtype))
+        output.copy_(result)  # one pass, converting the dtype on the way
         return output
 
     return _enqueue("broadcast", tensor, name, W.OP_BROADCAST, Sum, int(root_rank), finish)
