@@ -6,6 +6,12 @@ is a port of bridge `<prefix>-br`. A token bucket (tc tbf) at the egress of both
 veth pair limits each direction of each link to the rate (1 Gb/s by default), as a switch with
 1 GbE ports would: the namespace side shapes what node i sends, the bridge side what it receives.
 
+Inside node i's namespace the machine's host name resolves to the node's own address, as on a
+real node: `ip netns exec` mounts /etc/netns/<namespace>/hosts over /etc/hosts, and setup writes
+one. Horovod's Gloo contexts for process sets bind to the address of the host name, not to
+HOROVOD_GLOO_IFACE (horovod/common/gloo/gloo_context.cc, 0.28.1); without it they bind to
+127.0.0.1 and the nodes cannot reach each other.
+
 Network objects are named after a prefix ("spsc" by default), so that what a killed run left
 behind (namespaces, links, the processes inside the namespaces) can be found and removed
 (`cleanup`, harness.py --cleanup). The setup and teardown are command lines that harness.py runs
@@ -14,13 +20,16 @@ behind (namespaces, links, the processes inside the namespaces) can be found and
 
 import ipaddress
 import os
+import shlex
 import signal
+import socket
 import subprocess
 import time
 
 SUBNET = ipaddress.ip_network("198.18.0.0/24")
 BENCH_RANGE = ipaddress.ip_network("198.18.0.0/15")
 DEFAULT_PREFIX = "spsc"
+NETNS_ETC = "/etc/netns"
 
 
 class Network:
@@ -54,6 +63,14 @@ class Network:
     def in_ns(self, i, argv):
         return ["ip", "netns", "exec", self.namespace(i)] + list(argv)
 
+    def _hosts_commands(self, i):
+        path = "%s/%s/hosts" % (NETNS_ETC, self.namespace(i))
+        text = "127.0.0.1 localhost\n::1 localhost\n%s %s\n" % (self.address(i),
+                                                                  socket.gethostname())
+        return [["mkdir", "-p", os.path.dirname(path)],
+                ["sh", "-c", "printf %s > %s" % (shlex.quote(text.replace("\n", "\\n")),
+                                                 shlex.quote(path))]]
+
     def _tbf(self, dev):
         return ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate,
                 "burst", self.burst, "latency", self.latency]
@@ -74,7 +91,7 @@ class Network:
                 ["ip", "-n", ns, "link", "set", v, "up"],
                 self._tbf(h),
                 self.in_ns(i, self._tbf(v)),
-            ]
+            ] + self._hosts_commands(i)
         return cmds
 
     def teardown_commands(self):
@@ -84,7 +101,8 @@ class Network:
             cmds += [self.in_ns(i, ["tc", "qdisc", "del", "dev", self.node_if(i), "root"]),
                      ["tc", "qdisc", "del", "dev", self.bridge_if(i), "root"],
                      ["ip", "link", "del", self.bridge_if(i)],
-                     ["ip", "netns", "del", self.namespace(i)]]
+                     ["ip", "netns", "del", self.namespace(i)],
+                     ["rm", "-rf", "%s/%s" % (NETNS_ETC, self.namespace(i))]]
         cmds.append(["ip", "link", "del", self.bridge])
         return cmds
 
@@ -132,4 +150,14 @@ def cleanup(prefix, runner):
         runner.run(["ip", "netns", "del", ns], check=False)
     for link in sorted(links, key=lambda n: n.endswith("-br")):  # veths first, then the bridge
         runner.run(["ip", "link", "del", link], check=False)
+    for etc in _etc_leftovers(prefix):
+        runner.run(["rm", "-rf", etc], check=False)
     return spaces, links
+
+
+def _etc_leftovers(prefix):
+    try:
+        return sorted(os.path.join(NETNS_ETC, n) for n in os.listdir(NETNS_ETC)
+                      if n.startswith(prefix + "-n"))
+    except OSError:
+        return []

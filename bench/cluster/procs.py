@@ -112,6 +112,46 @@ class Runner:
         return self.stop(list(self.background), grace_s=3.0)
 
 
+def wait_for_files(paths, procs, timeout_s, dry_run, what="files"):
+    """Waits until every path exists; a process of `procs` exiting first, or the timeout, raises
+    RuntimeError with its log tail."""
+    if dry_run:
+        return
+    deadline = time.monotonic() + timeout_s
+    while not all(os.path.exists(p) for p in paths):
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError("%s exited (%s) during start-up:\n%s"
+                                   % (p.label, p.poll(), p.log_tail()))
+        if time.monotonic() > deadline:
+            raise RuntimeError("%s did not appear within %.0f s" % (what, timeout_s))
+        time.sleep(0.05)
+
+
+def wait_all(procs, timeout_s, watch=()):
+    """Waits for every process in `procs` to exit 0; a failure, a watched process exiting, or
+    the timeout raises RuntimeError with the log tail of the culprit."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pending = False
+        for p in procs:
+            rc = p.poll()
+            if rc is None:
+                pending = True
+            elif rc != 0:
+                raise RuntimeError("%s exited with %s:\n%s" % (p.label, rc, p.log_tail()))
+        if not pending:
+            return
+        for w in watch:
+            if w.poll() is not None:
+                raise RuntimeError("%s exited (%s) while workers ran:\n%s"
+                                   % (w.label, w.poll(), w.log_tail()))
+        if time.monotonic() > deadline:
+            raise RuntimeError("workers still running after %.0f s (--run-timeout-s)"
+                               % timeout_s)
+        time.sleep(0.2)
+
+
 def warn(message):
     sys.stderr.write("harness: %s\n" % message)
     sys.stderr.flush()
