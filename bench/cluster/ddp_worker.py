@@ -121,7 +121,8 @@ def main(argv=None):
     dist.barrier()
     dist.destroy_process_group()
     result = {
-        "worker": "ddp_powersgd" if args.powersgd_rank else "ddp", "rank": rank, "size": size, "model": profile["model"],
+        "worker": "ddp_powersgd" if args.powersgd_rank else "ddp", "rank": rank, "size": size,
+        "model": profile["model"],
         "profile": str(model_profile.resolve(args.profile)), "num_tensors": len(schedule),
         "total_numel": schedule.total_numel, "time_scale": args.time_scale,
         "forward": not args.no_forward,

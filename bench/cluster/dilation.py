@@ -66,7 +66,10 @@ class Dilation:
         return "Dilation(%g)" % self.factor
 
     def link(self, rate, latency):
-        """(rate, latency) strings of a link shaped to model `rate` with queue `latency`."""
+        """(rate, latency) strings of a link shaped to model `rate` with queue `latency` (as
+        given when D = 1)."""
+        if self.factor == 1:
+            return rate, latency
         return (format_rate(parse_rate(rate) / self.factor),
                 format_time(parse_time(latency) * self.factor))
 

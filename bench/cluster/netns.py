@@ -8,9 +8,9 @@ veth pair limits each direction of each link to the rate (1 Gb/s by default), as
 
 Inside node i's namespace the machine's host name resolves to the node's own address, as on a
 real node: `ip netns exec` mounts /etc/netns/<namespace>/hosts over /etc/hosts, and setup writes
-one. Horovod's Gloo contexts for process sets bind to the address of the host name, not to
-HOROVOD_GLOO_IFACE (horovod/common/gloo/gloo_context.cc, 0.28.1); without it they bind to
-127.0.0.1 and the nodes cannot reach each other.
+one (hosts_files). Horovod's Gloo contexts for process sets bind to the address of the host
+name, not to HOROVOD_GLOO_IFACE (horovod/common/gloo/gloo_context.cc, 0.28.1); without it they
+bind to 127.0.0.1 and the nodes cannot reach each other.
 
 Network objects are named after a prefix ("spsc" by default), so that what a killed run left
 behind (namespaces, links, the processes inside the namespaces) can be found and removed
@@ -20,7 +20,6 @@ behind (namespaces, links, the processes inside the namespaces) can be found and
 
 import ipaddress
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -63,13 +62,13 @@ class Network:
     def in_ns(self, i, argv):
         return ["ip", "netns", "exec", self.namespace(i)] + list(argv)
 
-    def _hosts_commands(self, i):
-        path = "%s/%s/hosts" % (NETNS_ETC, self.namespace(i))
-        text = "127.0.0.1 localhost\n::1 localhost\n%s %s\n" % (self.address(i),
-                                                                  socket.gethostname())
-        return [["mkdir", "-p", os.path.dirname(path)],
-                ["sh", "-c", "printf %s > %s" % (shlex.quote(text.replace("\n", "\\n")),
-                                                 shlex.quote(path))]]
+    def hosts_files(self):
+        """[(path, text)]: each namespace's /etc/hosts, naming this machine by the node's
+        address; setup writes them after setup_commands."""
+        return [("%s/%s/hosts" % (NETNS_ETC, self.namespace(i)),
+                 "127.0.0.1 localhost\n::1 localhost\n%s %s\n" % (self.address(i),
+                                                                  socket.gethostname()))
+                for i in range(self.nodes)]
 
     def _tbf(self, dev):
         return ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate,
@@ -91,7 +90,7 @@ class Network:
                 ["ip", "-n", ns, "link", "set", v, "up"],
                 self._tbf(h),
                 self.in_ns(i, self._tbf(v)),
-            ] + self._hosts_commands(i)
+            ]
         return cmds
 
     def teardown_commands(self):

@@ -77,6 +77,14 @@ class Runner:
                                % (r.returncode, shlex.join(argv), r.stderr.strip()))
         return r
 
+    def write_file(self, path, text):
+        """Writes a small file (creating its folder); noted in the command stream."""
+        self._record("# write %s: %r" % (path, text))
+        if not self.dry_run:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+
     def start(self, label, argv, log_path):
         """Starts a background process writing stdout and stderr to log_path."""
         self._record(shlex.join(argv) + " > %s 2>&1 &" % shlex.quote(str(log_path)))

@@ -9,7 +9,7 @@
 # the cluster benchmark do. The build compiles Horovod's C++ core and takes a while on 2 cores
 # (MAKEFLAGS=-j2). Idempotent: a second run only checks that horovod.torch imports with Gloo.
 #
-#     bash bench/peers/setup.sh            # then: harness.py --peer-python bench/peers/.venv/bin/python
+#     bash bench/peers/setup.sh     # harness.py's hvd_* modes then find bench/peers/.venv
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 venv="$here/.venv"
@@ -37,7 +37,10 @@ if ! dpkg-query -W -f='${Status}' libtorch-dev 2>/dev/null | grep -q "install ok
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libtorch-dev
 fi
 for tool in cmake g++; do
-  command -v "$tool" >/dev/null || { echo "peers: $tool is missing (deploy/install_deps.sh)" >&2; exit 1; }
+  if ! command -v "$tool" >/dev/null; then
+    echo "peers: $tool is missing (deploy/install_deps.sh)" >&2
+    exit 1
+  fi
 done
 
 if [[ ! -x "$venv/bin/python" ]]; then

@@ -11,7 +11,6 @@ Functional operations that are not modules (F.relu, residual additions, torch.ca
 the derived profiles say so. Used by gpu_profiles.py; the times it measures are not used.
 """
 
-import torch
 import torch.nn as nn
 
 MATMUL = (nn.Conv2d, nn.Linear, nn.LSTM)
