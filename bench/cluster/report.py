@@ -186,7 +186,11 @@ def header(results):
     if m.get("load_average_start") or m.get("load_average_end"):
         text += ("\nLoad average (1, 5, 15 min) of this shared 2-core machine: %s at the start, "
                  "%s at the end.\n" % (m.get("load_average_start"), m.get("load_average_end")))
-    for key, flows in sorted(m.get("bandwidth", {}).items()):
+    def bw_order(key):  # "8", or "8@D20" when the invocation swept dilations
+        nodes, _, d = key.partition("@D")
+        return int(nodes), float(d or 1)
+
+    for key, flows in sorted(m.get("bandwidth", {}).items(), key=lambda kv: bw_order(kv[0])):
         rates = ", ".join("%s->%s %.3f" % (f["from"], f["to"], f.get("modelled_gbps", f["gbps"]))
                           for f in flows)
         text += "\nMeasured TCP throughput at P=%s, modelled (measured x D, Gb/s): %s.\n" % (
@@ -203,6 +207,15 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def _compute_line(ax, runs):
+    """The replayed forward + backward: an iteration with free communication."""
+    bound = [r["replayed_forward_ms"] + r["replayed_backward_ms"] for r in runs
+             if "replayed_backward_ms" in r]
+    if bound:
+        ax.axhline(max(bound), color="gray", linestyle="--", linewidth=1,
+                   label="forward + backward alone")
 
 
 def chart(results, path):
@@ -227,6 +240,7 @@ def chart(results, path):
                     xs.append(i + (j - (len(series) - 1) / 2) * width)
                     ys.append(hit[0]["median_ms"])
             ax.bar(xs, ys, width, label="P = %d, D = %g" % (nodes, d))
+        _compute_line(ax, sub)
         ax.set_xticks(range(len(modes)))
         ax.set_xticklabels(modes, fontsize="small")
         ax.set_yscale("log")
@@ -252,6 +266,7 @@ def sweep_chart(results, path):
         for mode in [x for x in MODE_ORDER if any(r["mode"] == x for r in sub)]:
             pts = sorted((_dil(r), r["median_ms"]) for r in sub if r["mode"] == mode)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
+        _compute_line(ax, sub)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("dilation D")
