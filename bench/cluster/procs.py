@@ -3,7 +3,9 @@
 `Runner` is the one place that executes anything. Every command line is appended to a log (and
 printed with --verbose); with dry_run it is only printed, on stdout, exactly as it would run.
 Background processes get their own session (process group), so that stopping one stops what it
-started; `stop_all` is safe to call at any time, also from a signal-driven clean-up.
+started, and the highest OOM score, so that a run too big for the machine's memory fails itself
+rather than another job; `stop_all` is safe to call at any time, also from a signal-driven
+clean-up.
 """
 
 import os
@@ -14,6 +16,16 @@ import sys
 import time
 
 GRACE_S = 10.0
+
+
+def _first_for_the_oom_killer():
+    """In a started process, before exec: if memory runs out, the kernel kills the benchmark's
+    processes before anyone else's on this shared machine (a run then fails as such)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
 
 
 def env_argv(env):
@@ -94,7 +106,8 @@ class Runner:
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(argv, env=self.base_env, stdin=subprocess.DEVNULL,
                                         stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, close_fds=True)
+                                        start_new_session=True, close_fds=True,
+                                        preexec_fn=_first_for_the_oom_killer)
             b = Background(label, proc, log_path)
         self.background.append(b)
         return b

@@ -277,7 +277,7 @@ def test_ddp_worker_runs_on_loopback(short_tmp, powersgd_rank):
              "--warmup", "2", "--iters", "3", "--timeout-s", "60",
              "--powersgd-rank", str(powersgd_rank), "--out", str(short_tmp / "ddp{rank}.json")],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a loaded machine takes long to import torch
     outs = []
     for p in procs:
         try:
@@ -285,7 +285,7 @@ def test_ddp_worker_runs_on_loopback(short_tmp, powersgd_rank):
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail("ddp_worker did not finish within 120 s")
+            pytest.fail("ddp_worker did not finish within 300 s")
     assert [p.returncode for p in procs] == [0, 0], b"\n".join(outs).decode(errors="replace")
     for r in range(2):
         res = json.loads((short_tmp / ("ddp%d.json" % r)).read_text())
@@ -430,3 +430,28 @@ def test_tiny_dilated_run_of_the_harness(daemon, short_tmp):
     assert not spaces and not links
     assert not [n for n in os.listdir("/etc/netns") if n.startswith(prefix)] \
         if os.path.isdir("/etc/netns") else True
+
+
+def test_topk_sgd_baseline_selects_the_whole_models_top_k_with_error_feedback():
+    torch = pytest.importorskip("torch")
+    import horovod_worker
+
+    class OneRank:  # Horovod's allgather and size for a job of one
+        def allgather(self, t, name):
+            return t.clone()
+
+        def size(self):
+            return 1
+
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (3000, 10, 4000)]
+    topk = horovod_worker.TopK(OneRank(), params, density=0.01)
+    topk.CHUNK = 1000  # several chunks
+    grads = torch.randn(7010, generator=gen)
+    topk.flat.copy_(grads)  # what backward leaves in the gradients (views of topk.flat)
+    topk.reduce()
+    want = torch.topk(grads.abs(), 70).indices
+    sent = torch.zeros(7010)
+    sent[want] = grads[want]
+    assert torch.equal(torch.cat([p.grad for p in params]), sent)  # averaged over one rank
+    assert torch.equal(topk.residual, grads - sent)  # the rest is kept for the next step
