@@ -7,14 +7,16 @@
 #     bench/cluster/dilated_suite.sh D OUT_DIR [TABLE...]
 #
 # TABLE: vgg16_imagenet, cifar, alexnet, inception_v4, lstm_ptb, resnet50, p16 (default: all, in
-# that order); sweep (D = 1, 3, 10, 20 whatever D says) and sweep40 (D = 40, the modes that
-# still moved from 10 to 20) are the dilation sweep on ResNet-50; resnet50_peers runs only the
-# peers the sweep leaves out (ddp, ddp_powersgd, hvd_fp16). Needs root, a built daemon
-# (build/daemon/sparsyncd) and bench/peers/setup.sh.
+# that order). Others: sweep (D = 1, 3, 10, 20 whatever D says) and sweep40 (D = 40, the modes
+# that still moved from 10 to 20), the dilation sweep on ResNet-50; resnet50_peers, the sweep's
+# modes beside the peers it leaves out; dense_merge, sparsync's dense with 64 MiB buckets
+# (Horovod-style) instead of its default MG-WFBP plan, beside Horovod; vgg16_imagenet_p4 (P = 4:
+# at P = 8 eight daemons' top-k state does not fit in 24 GiB) and vgg16_imagenet_peers. Needs
+# root, a built daemon (build/daemon/sparsyncd) and bench/peers/setup.sh.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 if (($# < 2)); then
-  sed -n '2,14p' "$0" >&2
+  sed -n '2,15p' "$0" >&2
   exit 2
 fi
 d=$1
@@ -50,8 +52,14 @@ for t in "${tables[@]}"; do
     cifar) run cifar --models resnet20_flops,vgg16_flops --nodes 8 --modes "$all" --iters 10 \
       --measure-bandwidth ;;
     resnet50) run resnet50 --models resnet50_pipedream --nodes 8 --modes "$all" --iters 5 ;;
+    dense_merge) run dense_merge --models resnet50_pipedream --nodes 8 \
+      --modes dense,hvd_dense --dense-merge fixed:64MiB --iters 5 ;;
     resnet50_peers) run resnet50_peers --models resnet50_pipedream --nodes 8 \
-      --modes ddp,ddp_powersgd,hvd_fp16 --iters 5 ;;
+      --modes single,omgs,ddp,ddp_powersgd,hvd_fp16,hvd_topk --iters 5 ;;
+    vgg16_imagenet_p4) run vgg16_imagenet_p4 --models vgg16_imagenet_pipedream --nodes 4 \
+      --modes dense,layerwise,single,omgs,optimal --iters 5 ;;
+    vgg16_imagenet_peers) run vgg16_imagenet_peers --models vgg16_imagenet_pipedream \
+      --nodes 8 --modes hvd_topk,hvd_dense,hvd_fp16,ddp,ddp_powersgd --iters 5 ;;
     alexnet) run alexnet --models alexnet_pipedream --nodes 8 --modes "$all" --iters 5 ;;
     inception_v4) run inception_v4 --models inception_v4_flops --nodes 8 --modes "$all" \
       --iters 5 ;;
