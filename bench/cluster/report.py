@@ -82,8 +82,8 @@ def table(results):
     for r in runs:
         d = _dil(r)
         if not _ok(r):
-            lines.append("| %s | %d | %g | %s | failed | | | | | | |"
-                         % (r["model"], r["nodes"], d, r["mode"]))
+            lines.append("| %s | %d | %g | %s | %s | | | | | | |"
+                         % (r["model"], r["nodes"], d, r["mode"], r.get("status", "failed")))
             continue
         med = r["median_ms"]
         dense = _median(by, r["model"], r["nodes"], d, "dense")
