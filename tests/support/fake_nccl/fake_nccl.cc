@@ -26,13 +26,14 @@
 // it as its async error); so do a send and a receive of different sizes. Collectives on a clique
 // with a destroyed rank, ncclCommDestroy while collectives are pending, a call on a communicator
 // whose last call is still in progress, ncclGroupEnd without ncclGroupStart, buffers that are not
-// the fake runtime's memory of the communicator's device (checked when that runtime is loaded),
-// and unknown comms, datatypes, ops, roots, configs or null buffers fail and are listed as misuse
-// (sparsync_fake_nccl_misuse). Every executed collective, once per rank, is appended to a journal
-// (sparsync_fake_nccl_journal); sparsync_fake_nccl_fail_next injects a failure into the next call
-// of a given name. ncclCommGetAsyncError reports an injected async error until the comm is
-// aborted, and collectives on such a comm are refused. ncclGetLastError is the calling thread's
-// last misuse or injected failure. Handles are never reused, so a destroyed comm stays unknown.
+// the fake runtime's device memory (of the communicator's device, for a rank communicator;
+// checked when that runtime is loaded), and unknown comms, datatypes, ops, roots, configs or null
+// buffers fail and are listed as misuse (sparsync_fake_nccl_misuse). Every executed collective,
+// once per rank, is appended to a journal (sparsync_fake_nccl_journal);
+// sparsync_fake_nccl_fail_next injects a failure into the next call of a given name.
+// ncclCommGetAsyncError reports an injected async error until the comm is aborted, and
+// collectives on such a comm are refused. ncclGetLastError is the calling thread's last misuse or
+// injected failure. Handles are never reused, so a destroyed comm stays unknown.
 #include <algorithm>
 #include <cstring>
 #include <iterator>

@@ -263,7 +263,10 @@ int Enqueue(const char* name, const Call& call, const void* handle) {
       return Misuse(s, kInvalidArgument, where + " null buffer for " + Describe(call));
     const size_t bytes = call.count * kDatatypeBytes[call.dtype];
     const size_t out_bytes = call.kind == Kind::kAllGather ? bytes * nranks : bytes;
-    const int device = q.devices[comm->rank];
+    // Whose memory: on a rank communicator, its device's (read from the runtime when it joined);
+    // on an ncclCommInitAll clique, any device's (the callers' tests need not allocate on the
+    // devices they name).
+    const int device = q.by_rank ? q.devices[comm->rank] : -1;
     if ((reads && !OnDevice(s, call.send, bytes, device, where + " send buffer")) ||
         (writes && !OnDevice(s, call.recv, out_bytes, device, where + " receive buffer"))) {
       return kInvalidArgument;
