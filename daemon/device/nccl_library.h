@@ -37,16 +37,6 @@ inline constexpr int kNcclInProgress = 7;
 
 inline constexpr int kNcclSum = 0;  // ncclSum
 
-// ncclDataType_t.
-inline constexpr int kNcclInt8 = 0;
-inline constexpr int kNcclUint8 = 1;
-inline constexpr int kNcclInt32 = 2;
-inline constexpr int kNcclInt64 = 4;
-inline constexpr int kNcclFloat16 = 6;
-inline constexpr int kNcclFloat32 = 7;
-inline constexpr int kNcclFloat64 = 8;
-inline constexpr int kNcclBfloat16 = 9;
-
 // NCCL_VERSION(2, 14, 0): the first NCCL with ncclConfig_t, ncclCommInitRankConfig and
 // non-blocking communicators; LoadNccl refuses older ones.
 inline constexpr int kNcclMinVersion = 21400;
@@ -136,13 +126,13 @@ Status NcclStatus(const NcclLibrary& nccl, int result, const std::string& what,
 // The NCCL element type (ncclDataType_t) of `dtype`.
 constexpr int NcclDataType(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return kNcclFloat32;
-    case DType::kFloat64: return kNcclFloat64;
-    case DType::kFloat16: return kNcclFloat16;
-    case DType::kBFloat16: return kNcclBfloat16;
-    case DType::kInt32: return kNcclInt32;
-    case DType::kInt64: return kNcclInt64;
-    case DType::kUInt8: return kNcclUint8;
+    case DType::kFloat32: return 7;   // ncclFloat32
+    case DType::kFloat64: return 8;   // ncclFloat64
+    case DType::kFloat16: return 6;   // ncclFloat16
+    case DType::kBFloat16: return 9;  // ncclBfloat16
+    case DType::kInt32: return 2;     // ncclInt32
+    case DType::kInt64: return 4;     // ncclInt64
+    case DType::kUInt8: return 1;     // ncclUint8
   }
   return -1;
 }

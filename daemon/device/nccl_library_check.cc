@@ -17,10 +17,6 @@ static_assert(kNcclSuccess == ncclSuccess && kNcclUnhandledCudaError == ncclUnha
 static_assert(kNcclSum == ncclSum);
 static_assert(sizeof(ncclComm_t) == sizeof(NcclComm) && sizeof(ncclResult_t) == sizeof(int));
 static_assert(sizeof(ncclDataType_t) == sizeof(int) && sizeof(ncclRedOp_t) == sizeof(int));
-static_assert(kNcclInt8 == ncclInt8 && kNcclUint8 == ncclUint8 && kNcclInt32 == ncclInt32 &&
-              kNcclInt64 == ncclInt64 && kNcclFloat16 == ncclFloat16 &&
-              kNcclFloat32 == ncclFloat32 && kNcclFloat64 == ncclFloat64 &&
-              kNcclBfloat16 == ncclBfloat16);
 static_assert(NcclDataType(DType::kFloat32) == ncclFloat32);
 static_assert(NcclDataType(DType::kFloat64) == ncclFloat64);
 static_assert(NcclDataType(DType::kFloat16) == ncclFloat16);

@@ -22,16 +22,18 @@ using device::CudaRuntime;
 using device::CudaStream;
 using device::NcclLibrary;
 
+constexpr int kBytes = device::NcclDataType(DType::kUInt8);  // what moves uninterpreted
+
 Result<int> NcclType(ElementType type) {
   switch (type) {
     case ElementType::kFloat32:
-      return device::kNcclFloat32;
+      return device::NcclDataType(DType::kFloat32);
     case ElementType::kFloat64:
-      return device::kNcclFloat64;
+      return device::NcclDataType(DType::kFloat64);
     case ElementType::kInt32:
-      return device::kNcclInt32;
+      return device::NcclDataType(DType::kInt32);
     case ElementType::kInt64:
-      return device::kNcclInt64;
+      return device::NcclDataType(DType::kInt64);
   }
   return InvalidArgument("NCCL: unknown element type");
 }
@@ -120,14 +122,13 @@ class CudaNcclApi : public NcclApi {
 
   Status AllGather(const void* send, void* recv, size_t bytes_per_rank) override {
     SPARSYNC_RETURN_IF_ERROR(UseComm());
-    return Nccl(nccl_->AllGather(send, recv, bytes_per_rank, device::kNcclUint8, comm_, stream_),
+    return Nccl(nccl_->AllGather(send, recv, bytes_per_rank, kBytes, comm_, stream_),
                 "ncclAllGather");
   }
 
   Status Broadcast(const void* send, void* recv, size_t bytes, int root) override {
     SPARSYNC_RETURN_IF_ERROR(UseComm());
-    return Nccl(nccl_->Broadcast(send, recv, bytes, device::kNcclUint8, root, comm_, stream_),
-                "ncclBroadcast");
+    return Nccl(nccl_->Broadcast(send, recv, bytes, kBytes, root, comm_, stream_), "ncclBroadcast");
   }
 
   Status GroupStart() override {
@@ -143,12 +144,12 @@ class CudaNcclApi : public NcclApi {
 
   Status Send(const void* data, size_t bytes, int peer) override {
     SPARSYNC_RETURN_IF_ERROR(UseComm());
-    return Nccl(nccl_->Send(data, bytes, device::kNcclUint8, peer, comm_, stream_), "ncclSend");
+    return Nccl(nccl_->Send(data, bytes, kBytes, peer, comm_, stream_), "ncclSend");
   }
 
   Status Recv(void* data, size_t bytes, int peer) override {
     SPARSYNC_RETURN_IF_ERROR(UseComm());
-    return Nccl(nccl_->Recv(data, bytes, device::kNcclUint8, peer, comm_, stream_), "ncclRecv");
+    return Nccl(nccl_->Recv(data, bytes, kBytes, peer, comm_, stream_), "ncclRecv");
   }
 
   Status CopyHostToDevice(void* device_dst, const void* host_src, size_t bytes) override {

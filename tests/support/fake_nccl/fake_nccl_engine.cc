@@ -229,6 +229,17 @@ int AsyncState(State& s, Comm& comm, bool poll) {
   return busy ? kInProgress : kSuccess;
 }
 
+int CheckIdle(State& s, Comm& comm, const std::string& where) {
+  if (comm.finalized) return Misuse(s, kInvalidUsage, where + " after ncclCommFinalize");
+  if (AsyncState(s, comm, /*poll=*/false) == kInProgress) {
+    return Misuse(s, kInvalidUsage,
+                  where +
+                      ": the previous call is still in progress (wait until "
+                      "ncclCommGetAsyncError no longer returns ncclInProgress)");
+  }
+  return kSuccess;
+}
+
 int Accepted(State& s, Comm& comm) {
   if (comm.blocking) return kSuccess;
   comm.polls_left = s.enqueue_polls;
@@ -286,13 +297,7 @@ int Enqueue(const char* name, const Call& call, const void* handle) {
                           ": the fake runs the collectives of a rank communicator outside "
                           "groups only");
       }
-      if (comm->finalized) return Misuse(s, kInvalidUsage, where + " after ncclCommFinalize");
-      if (AsyncState(s, *comm, /*poll=*/false) == kInProgress) {
-        return Misuse(s, kInvalidUsage,
-                      where +
-                          ": the previous call is still in progress (wait until "
-                          "ncclCommGetAsyncError no longer returns ncclInProgress)");
-      }
+      if (int code = CheckIdle(s, *comm, where); code != kSuccess) return code;
       q.queued[comm->rank].push_back(call);
       Progress(s, id, q, name);
       return comm->async_error != kSuccess ? comm->async_error : Accepted(s, *comm);

@@ -134,13 +134,7 @@ int Usable(State& s, const char* name, const void* handle, Comm** out) {
                   where + " has async error " + std::to_string(comm->async_error) +
                       "; abort the communicator");
   }
-  if (comm->finalized) return Misuse(s, kInvalidUsage, where + " after ncclCommFinalize");
-  if (AsyncState(s, *comm, /*poll=*/false) == kInProgress) {
-    return Misuse(s, kInvalidUsage,
-                  where +
-                      ": the previous call is still in progress (wait until "
-                      "ncclCommGetAsyncError no longer returns ncclInProgress)");
-  }
+  if (int code = CheckIdle(s, *comm, where); code != kSuccess) return code;
   *out = comm;
   return kSuccess;
 }

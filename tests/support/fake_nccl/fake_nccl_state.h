@@ -133,6 +133,9 @@ std::string Describe(const Call& c);
 // kSuccess; ncclInProgress while `comm`'s rank has work queued, its clique is still joining, or
 // an injected delay lasts; or its async error. Counts the delay down when `poll`.
 int AsyncState(State& s, Comm& comm, bool poll);
+// Misuse unless `comm` (a rank communicator) may take a new call: not finalised, and its last call
+// no longer in progress. `where` names the call.
+int CheckIdle(State& s, Comm& comm, const std::string& where);
 // What a call that queued work on `comm` returns: kSuccess on a blocking comm, else its
 // AsyncState. Starts the injected delay (enqueue_polls).
 int Accepted(State& s, Comm& comm);

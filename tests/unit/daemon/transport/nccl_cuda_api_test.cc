@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -130,11 +131,21 @@ class CudaNcclApiTest : public ::testing::Test {
     return CreateNcclTransport(rank, size, store, timeout, /*device=*/rank, libraries_);
   }
 
-  // Runs `node(rank)` for ranks 0 and 1 of one job, each in a thread of its own.
-  static void TwoNodes(const std::function<void(int)>& node) {
-    std::thread one(node, 1);
-    node(0);
+  // Runs `node(rank, transport)` for nodes 0 and 1 of one job (each on the CUDA device of its
+  // rank), each in a thread of its own; returns what each returned, or why its transport could
+  // not be made. The transports are gone when it returns.
+  std::array<Status, 2> TwoNodes(std::chrono::milliseconds timeout,
+                                 const std::function<Status(int, Transport&)>& node) {
+    MemoryStore store;
+    std::array<Status, 2> out;
+    auto run = [&](int rank) {
+      auto created = Create(rank, 2, &store, timeout);
+      out[rank] = created.ok() ? node(rank, **created) : created.status();
+    };
+    std::thread one(run, 1);
+    run(0);
     one.join();
+    return out;
   }
 
   Fakes fakes_{};
@@ -215,44 +226,33 @@ TEST_F(CudaNcclApiTest, OnlyDeviceMemoryOfTheTransportsDeviceIsSummedOnTheDevice
 }
 
 TEST_F(CudaNcclApiTest, TwoNodesAsThreadsSumGatherBroadcastAndExchange) {
-  MemoryStore store;
   struct Outcome {
-    Status status;
     std::vector<double> sum;
     std::string gathered, broadcast, received;
   };
   Outcome out[2];
-  TwoNodes([&](int rank) {
+  const auto st = TwoNodes(10s, [&](int rank, Transport& t) {
     Outcome& o = out[rank];
-    auto created = Create(rank, 2, &store);
-    if (!created.ok()) {
-      o.status = created.status();
-      return;
-    }
-    Transport& t = **created;
     o.sum = {1.0 + rank, 10.0 * rank, -0.25};
-    o.status = t.AllReduceSum(o.sum.data(), o.sum.size(), ElementType::kFloat64, 1);
+    SPARSYNC_RETURN_IF_ERROR(t.AllReduceSum(o.sum.data(), o.sum.size(), ElementType::kFloat64, 1));
     // Different sizes: a size exchange, then one allgather padded to the largest.
     const std::string mine = rank == 0 ? "abc" : "defgh";
     const std::vector<size_t> sizes = {3, 5};
     o.gathered.assign(8, '?');
-    if (o.status.ok()) {
-      o.status = t.AllGatherV(mine.data(), mine.size(), o.gathered.data(), sizes, 2);
-    }
+    SPARSYNC_RETURN_IF_ERROR(t.AllGatherV(mine.data(), mine.size(), o.gathered.data(), sizes, 2));
     o.broadcast = rank == 1 ? "from node 1" : std::string(11, '?');
-    if (o.status.ok()) o.status = t.Broadcast(o.broadcast.data(), o.broadcast.size(), 1, 3);
+    SPARSYNC_RETURN_IF_ERROR(t.Broadcast(o.broadcast.data(), o.broadcast.size(), 1, 3));
     // A header exchange, then the payloads, as grouped sends and receives.
     const std::string send = rank == 0 ? "ping" : "pong!";
     o.received.assign(16, '?');
     size_t got = 0;
-    if (o.status.ok()) {
-      o.status = t.SendRecv(1 - rank, send.data(), send.size(), o.received.data(), 16, &got, 4);
-    }
+    Status sent = t.SendRecv(1 - rank, send.data(), send.size(), o.received.data(), 16, &got, 4);
     o.received.resize(got);
+    return sent;
   });
   for (int rank = 0; rank < 2; ++rank) {
     SCOPED_TRACE("node " + std::to_string(rank));
-    ASSERT_TRUE(out[rank].status.ok()) << out[rank].status.ToString();
+    ASSERT_TRUE(st[rank].ok()) << st[rank].ToString();
     EXPECT_EQ(out[rank].sum, (std::vector<double>{3.0, 10.0, -0.5}));
     EXPECT_EQ(out[rank].gathered, "abcdefgh");
     EXPECT_EQ(out[rank].broadcast, "from node 1");
@@ -270,16 +270,9 @@ TEST_F(CudaNcclApiTest, TwoNodesAsThreadsSumGatherBroadcastAndExchange) {
 }
 
 TEST_F(CudaNcclApiTest, NodesThatDisagreeOnACollectiveBothFail) {
-  MemoryStore store;
-  Status st[2];
-  TwoNodes([&](int rank) {
-    auto created = Create(rank, 2, &store);
-    if (!created.ok()) {
-      st[rank] = created.status();
-      return;
-    }
+  const auto st = TwoNodes(10s, [](int rank, Transport& t) {
     std::vector<float> v(3 + rank, 1.0f);  // 3 elements on node 0, 4 on node 1
-    st[rank] = (*created)->AllReduceSum(v.data(), v.size(), ElementType::kFloat32, 7);
+    return t.AllReduceSum(v.data(), v.size(), ElementType::kFloat32, 7);
   });
   for (const Status& s : st) {
     EXPECT_TRUE(Has(s, StatusCode::kInvalidArgument, "invalid usage (ncclInvalidUsage)"));
@@ -288,21 +281,14 @@ TEST_F(CudaNcclApiTest, NodesThatDisagreeOnACollectiveBothFail) {
 }
 
 TEST_F(CudaNcclApiTest, APeerThatAbortsIsARemoteErrorForTheOthers) {
-  MemoryStore store;
-  Status st[2];
-  TwoNodes([&](int rank) {
-    auto created = Create(rank, 2, &store);
-    if (!created.ok()) {
-      st[rank] = created.status();
-      return;
-    }
+  const auto st = TwoNodes(10s, [](int rank, Transport& t) {
     if (rank == 1) {
       std::this_thread::sleep_for(100ms);  // node 0 is waiting in its allreduce by now
-      (*created)->Abort(Aborted("node 1 is shutting down"));
-      return;
+      t.Abort(Aborted("node 1 is shutting down"));
+      return Status::Ok();
     }
     float x = 1.0f;
-    st[0] = (*created)->AllReduceSum(&x, 1, ElementType::kFloat32, 1);
+    return t.AllReduceSum(&x, 1, ElementType::kFloat32, 1);
   });
   ASSERT_TRUE(st[1].ok()) << st[1].ToString();
   EXPECT_TRUE(Has(st[0], StatusCode::kUnavailable,
@@ -313,20 +299,13 @@ TEST_F(CudaNcclApiTest, APeerThatAbortsIsARemoteErrorForTheOthers) {
 }
 
 TEST_F(CudaNcclApiTest, APeerThatNeverCallsMakesTheCallTimeOut) {
-  MemoryStore store;
-  Status st[2];
-  TwoNodes([&](int rank) {
-    auto created = Create(rank, 2, &store, 300ms);
-    if (!created.ok()) {
-      st[rank] = created.status();
-      return;
-    }
-    if (rank == 0) {
-      float x = 1.0f;
-      st[0] = (*created)->AllReduceSum(&x, 1, ElementType::kFloat32, 9);
-    } else {
+  const auto st = TwoNodes(300ms, [](int rank, Transport& t) {
+    if (rank == 1) {
       std::this_thread::sleep_for(600ms);  // until node 0 has given up
+      return Status::Ok();
     }
+    float x = 1.0f;
+    return t.AllReduceSum(&x, 1, ElementType::kFloat32, 9);
   });
   ASSERT_TRUE(st[1].ok()) << st[1].ToString();
   EXPECT_TRUE(Has(st[0], StatusCode::kDeadlineExceeded, "did not finish within 300 ms"));
