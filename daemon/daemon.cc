@@ -90,8 +90,10 @@ Status Daemon::Start() {
 
   store_ = std::make_unique<LinkStore>(link_);
   if (config_.transport == TransportKind::kNccl) {
-    auto transport = transport::CreateNcclTransport(config_.node_rank, config_.num_nodes,
-                                                    store_.get(), config_.timeout(), /*device=*/0);
+    // The CUDA runtime and NCCL that the device intake and the local reduce load, too.
+    auto transport = transport::CreateNcclTransport(
+        config_.node_rank, config_.num_nodes, store_.get(), config_.timeout(), /*device=*/0,
+        transport::NcclLibraries{config_.cudart, config_.libnccl});
     if (!transport.ok()) return transport.status();
     transport_ = std::move(*transport);
     spdlog::info("NCCL communicator ready");

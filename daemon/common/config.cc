@@ -302,7 +302,7 @@ std::vector<Setting> Settings() {
         return Reject(st, v, "accepted values: auto, cpu");
       });
   add("cudart", "SPARSYNC_CUDART", "",
-      "the CUDA runtime library the CUDA IPC intake loads when a worker registers a CUDA tensor "
+      "the CUDA runtime library the daemon loads for CUDA tensors and the NCCL transport "
       "(empty: libcudart.so.13, .so.12 or .so, preferring one already loaded)",
       [](const Setting&, const std::string& v, Config* c) {
         c->cudart = v;
@@ -317,8 +317,8 @@ std::vector<Setting> Settings() {
         return Status::Ok();
       });
   add("libnccl", "SPARSYNC_LIBNCCL", "",
-      "the NCCL library the local reduce across GPUs loads (empty: libnccl.so.2; a file named "
-      "here must load, or the daemon does not start)",
+      "the NCCL library the NCCL transport and the local reduce across GPUs load (empty: "
+      "libnccl.so.2; a file named here must load, or the daemon does not start)",
       [](const Setting&, const std::string& v, Config* c) {
         c->libnccl = v;
         return Status::Ok();
