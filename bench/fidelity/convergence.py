@@ -5,7 +5,8 @@
 
 `run` trains one job per (configuration, seed) with `sparsyncrun -np 4` (4 simulated nodes) at
 nice 19, one after the other, each logged to DIR/logs/; a run whose JSON already holds every
-epoch is skipped, so an interrupted sweep resumes where it stopped. Seeds go round-robin (every
+epoch is skipped, so an interrupted sweep resumes where it stopped (after removing the stale
+DIR/*.lock files), and a run another driver holds (its .lock) is left to it. Seeds go round-robin (every
 configuration's seed 0, then seed 1, ...), so a partial sweep covers every configuration.
 `report` writes a Markdown table (mean, spread and runs per epoch) and a PNG of the curves (mean,
 band from the lowest to the highest run), and checks the target: top-k at density 0.001 with the
@@ -66,6 +67,10 @@ def run(args):
             done = load(path)
             if done and len(done["epochs"]) >= args.epochs and "run" in done:
                 continue
+            try:  # another driver on the same folder may have taken this run
+                os.close(os.open(path + ".lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                continue
             env = dict(os.environ)
             env.update(CONFIGS[config])
             env["SPARSYNC_SEED"] = str(seed)
@@ -79,6 +84,7 @@ def run(args):
                 rc = subprocess.call(command, env=env, stdout=f, stderr=subprocess.STDOUT)
             wall = time.monotonic() - start
             record = load(path)
+            os.unlink(path + ".lock")
             if rc != 0 or record is None or len(record["epochs"]) < args.epochs:
                 print("  failed (exit %d), see %s" % (rc, log), flush=True)
                 continue
