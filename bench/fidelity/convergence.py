@@ -71,7 +71,9 @@ def run(args):
                 os.close(os.open(path + ".lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
                 continue
+            extra = dict(kv.split("=", 1) for kv in args.env)
             env = dict(os.environ)
+            env.update(extra)
             env.update(CONFIGS[config])
             env["SPARSYNC_SEED"] = str(seed)
             command = ["nice", "-n", str(args.nice), launcher, "-np", str(args.np), python,
@@ -91,7 +93,7 @@ def run(args):
             with open(log) as f:
                 plans = [line.strip() for line in f if line.startswith("[d0] ") and "plan" in line]
             record["run"] = {"command": " ".join(
-                ["%s=%s" % kv for kv in sorted(CONFIGS[config].items())] +
+                ["%s=%s" % kv for kv in sorted({**extra, **CONFIGS[config]}.items())] +
                 ["SPARSYNC_SEED=%d" % seed] + command[3:]),
                 "wall_s": wall, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "load_average": os.getloadavg(), "plan_lines": plans[:20]}
@@ -197,6 +199,8 @@ def main():
     r.add_argument("--configs", default="", help="comma list (default: all): " + ", ".join(CONFIGS))
     r.add_argument("--np", type=int, default=4)
     r.add_argument("--nice", type=int, default=19)
+    r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="for every run's daemons, e.g. SPARSYNC_MIN_COMPRESS_BYTES=0")
     r.add_argument("--out", required=True)
     s = sub.add_parser("report", help="table and curves from the finished runs")
     s.add_argument("--task", default="fmnist")

@@ -3,8 +3,11 @@
 fmnist:   the demo's CNN on Fashion-MNIST (examples/torch_fashion_mnist.py: the same model, data,
           normalisation, Adam at 1e-3 * sqrt(workers), batch 64 per worker); metric: test accuracy.
 charlstm: a character-level LSTM language model on the English fortune-cookie corpus of Debian's
-          `fortunes` package (/usr/share/games/fortunes, about 1.2 MB of text); metric: next-
-          character accuracy on held-out fortunes (and bits per character).
+          `fortunes` package (/usr/share/games/fortunes, 2.5 M characters); an epoch is a pass
+          over the first 200 k characters of the training fortunes; metric: next-character
+          accuracy on the first 64 k characters of the held-out fortunes (and bits per
+          character). Small (30 k parameters) because this machine's PyTorch multiplies
+          matrices with the reference BLAS.
 
 Everything here is deterministic given the seed: the model's initialisation, the data order and
 the train/test split (the split is fixed, whatever the seed).
@@ -105,14 +108,17 @@ class FashionMnist(Task):
 
 
 class CharLstm(Task):
-    """Next-character prediction with a one-layer LSTM (embedding 32, hidden 128)."""
+    """Next-character prediction with a one-layer LSTM (embedding 16, hidden 64)."""
 
     name = "charlstm"
     metric = "test next-character accuracy"
 
-    def __init__(self, rank, size, seed, batch_size=32, seq_len=64, lr=2e-3):
+    TRAIN_CHARS, TEST_CHARS = 200_000, 64_000
+
+    def __init__(self, rank, size, seed, batch_size=16, seq_len=32, lr=2e-3):
         super().__init__(rank, size, seed)
         train, test = self._corpus()
+        train, test = train[:self.TRAIN_CHARS], test[:self.TEST_CHARS]
         chars = sorted(set(train) | set(test))
         self.vocab = {c: i for i, c in enumerate(chars)}
         self.train = torch.tensor([self.vocab[c] for c in train], dtype=torch.long)
@@ -146,9 +152,9 @@ class CharLstm(Task):
     class Net(nn.Module):
         def __init__(self, vocab):
             super().__init__()
-            self.embed = nn.Embedding(vocab, 32)
-            self.lstm = nn.LSTM(32, 128, batch_first=True)
-            self.out = nn.Linear(128, vocab)
+            self.embed = nn.Embedding(vocab, 16)
+            self.lstm = nn.LSTM(16, 64, batch_first=True)
+            self.out = nn.Linear(64, vocab)
 
         def forward(self, x):
             return self.out(self.lstm(self.embed(x))[0])
