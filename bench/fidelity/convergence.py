@@ -180,8 +180,8 @@ def plot(runs, epochs, metric, args):
     ax.set_ylabel(metric + " (%)")
     ax.set_title("%s, 4 simulated nodes: mean over seeds (runs), band = lowest..highest"
                  % args.task, fontsize=10)
-    low = min(min(r[min(1, epochs - 1)] for r in rs) for rs in runs.values())
-    ax.set_ylim(bottom=max(0.0, low - 1.0))
+    low = min(min(r[0] for r in rs) for rs in runs.values())
+    ax.set_ylim(bottom=max(0.0, low - 0.5))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -95,11 +95,12 @@ def run(args):
             optimizer.step()
             step += 1
     if rank == 0:
+        env = {k: v for k, v in os.environ.items() if k.startswith("SPARSYNC_")
+               and k not in ("SPARSYNC_JOB_TOKEN", "SPARSYNC_SOCKET")}
         with open(args.out, "w") as f:
             json.dump({"workers": size, "trials": args.trials, "tensor_sizes": sizes,
-                       "env": {k: v for k, v in os.environ.items()
-                               if k.startswith("SPARSYNC_") and k != "SPARSYNC_JOB_TOKEN"},
-                       "wall_s": time.monotonic() - start, "rows": rows}, f, indent=1)
+                       "env": env, "wall_s": time.monotonic() - start, "rows": rows}, f,
+                      indent=1)
     hvd.shutdown()
 
 
