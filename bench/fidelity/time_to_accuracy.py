@@ -10,7 +10,8 @@ linearly between the per-epoch evaluations. The per-iteration times come from a 
 file: bench/cluster/harness.py's JSON ({"meta", "runs": [{"model", "nodes", "mode",
 "median_ms"}, ...]}; the time-dilated harness writes the same fields) or a plain
 {"mode": milliseconds} object. Each --pair CONFIG=MODE multiplies a configuration's iterations by
-a mode's time; the default pairs dense with the dense ring and top-k at density 0.001 (its
+a mode's time; the default pairs dense with the dense ring and with torch DDP (same arithmetic),
+and top-k at density 0.001 (its
 convergence under the default planner) with every top-k merge mode the file has (layerwise,
 single, fixed, omgs, optimal), which assumes the same iterations to target for each grouping.
 
@@ -92,13 +93,15 @@ def main():
         target = curves["dense"][-1] - convergence.TARGET_POINTS
     pairs = [tuple(s.split("=", 1)) for s in args.pair]
     if not pairs:
-        pairs = [("dense", "dense")] + [(convergence.TARGET_CONFIG, m) for m in SPARSE_MODES
-                                        if m in times]
+        pairs = [("dense", m) for m in ("dense", "ddp") if m in times]
+        pairs += [(convergence.TARGET_CONFIG, m) for m in SPARSE_MODES if m in times]
     metric = next(iter(records.values()))[0]["metric"]
+    source = next(iter(times.values()))[1]
     lines = ["Target: %s %.2f %%. Iterations: mean curve over seeds of `%s` runs in %s; "
-             "per-iteration times: median of %s from `%s`." % (
-                 metric, target, args.task, args.runs,
-                 next(iter(times.values()))[1], os.path.relpath(args.times)), "",
+             "per-iteration times: median of %s from `%s`%s." % (
+                 metric, target, args.task, args.runs, source, os.path.relpath(args.times),
+                 "" if source.split()[0] == args.task else
+                 " (another model than the one trained: a proxy)"), "",
              "| configuration | seeds | iterations to target | cluster mode | per iteration (ms) "
              "| time to target (s) | vs dense |", "|---|---:|---:|---|---:|---:|---:|"]
     dense_s = None
