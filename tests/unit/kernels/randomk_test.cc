@@ -122,8 +122,8 @@ TEST(RandomKTest, EveryIndexIsEquallyLikely) {
 // exactly sum_i x_i^2 (d/k - 1) / T for uniform sampling of k of d. The unscaled form's mean is
 // (k/d) x: it misses 1 - rho of x in every direction.
 struct MeanOfDraws {
-  double along = 0;          // <mean, x> / ||x||^2: 1 when unbiased
-  double relative_error = 0; // ||mean - x|| / ||x||
+  double along = 0;           // <mean, x> / ||x||^2: 1 when unbiased
+  double relative_error = 0;  // ||mean - x|| / ||x||
 };
 
 MeanOfDraws MeanOverDraws(bool unbiased, int64_t d, double density, int trials) {
