@@ -118,6 +118,18 @@ TEST(RandomKTest, EveryIndexIsEquallyLikely) {
   EXPECT_LT(chi2, 89 + 5 * 13.3);
 }
 
+TEST(RandomKTest, UnbiasedIsRefusedForOtherSparsifiers) {
+  SparsifierOptions o;
+  o.unbiased = true;
+  for (const char* name : {"topk", "reference:wangni", "dgc"}) {
+    auto made = MakeSparsifier(name, o);
+    ASSERT_FALSE(made.ok()) << name;
+    EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(made.status().message().find("randomk only"), std::string::npos) << name;
+  }
+  EXPECT_TRUE(MakeSparsifier("reference:randomk", o).ok());
+}
+
 // Mean of T draws of Q(x) for one x: unbiased scaling makes it approach x; E||mean - x||^2 is
 // exactly sum_i x_i^2 (d/k - 1) / T for uniform sampling of k of d. The unscaled form's mean is
 // (k/d) x: it misses 1 - rho of x in every direction.
