@@ -65,6 +65,9 @@ Result<std::unique_ptr<SparseReducer>> SparseReducer::Create(const Config& confi
   options.density = config.density;
   options.threshold = config.threshold;
   options.shared_seed = config.compressor == Compressor::kRandomK;
+  // Without error feedback random-k sends x_i * d/k, the unbiased estimator (docs/algorithms.md
+  // §7.3); with it, x_i itself, and the residual keeps the rest.
+  options.unbiased = config.compressor == Compressor::kRandomK && !config.ErrorFeedback();
   options.warmup = false;  // the daemon does not know epochs; see the note in README
   auto sparsifier = kernels::MakeSparsifier(KernelName(config.compressor), options);
   if (!sparsifier.ok()) {
