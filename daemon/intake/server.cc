@@ -149,6 +149,12 @@ void IntakeServer::Accept() {
   }
 }
 
+void IntakeHandler::OnTimeline(const std::shared_ptr<WorkerSession>&,
+                               const sparsync_timeline_msg&, sparsync_timeline_reply* reply) {
+  reply->status = SPARSYNC_ERR_UNAVAILABLE;
+  CopyMessage(reply->message, "this daemon records no timeline");
+}
+
 void IntakeServer::Close(int fd, const Status& reason) {
   auto it = sessions_.find(fd);
   if (it == sessions_.end()) return;
@@ -254,6 +260,14 @@ void IntakeServer::HandleReadable(int fd) {
   if (auto* unreg = std::get_if<sparsync_unregister_msg>(&m)) {
     Status st = handler_->OnUnregister(session, *unreg);
     if (!st.ok()) Close(fd, st.WithContext("protocol violation"));
+    return;
+  }
+  if (auto* timeline = std::get_if<sparsync_timeline_msg>(&m)) {
+    sparsync_timeline_reply reply{};
+    FillHeader(&reply.header, SPARSYNC_MSG_TIMELINE_REPLY, sizeof(reply));
+    handler_->OnTimeline(session, *timeline, &reply);
+    Status sent = session->Send(&reply, sizeof(reply));
+    if (!sent.ok()) Close(fd, sent);
     return;
   }
   if (std::holds_alternative<sparsync_goodbye>(m)) {

@@ -31,6 +31,10 @@ class IntakeHandler {
   virtual Status OnReady(const std::shared_ptr<WorkerSession>& session, const sparsync_ready& msg) = 0;
   virtual Status OnUnregister(const std::shared_ptr<WorkerSession>& session,
                               const sparsync_unregister_msg& msg) = 0;
+  // Fills `reply`'s status and message: the timeline started or stopped, or why not. By default
+  // it is refused (a handler without a timeline).
+  virtual void OnTimeline(const std::shared_ptr<WorkerSession>& session,
+                          const sparsync_timeline_msg& msg, sparsync_timeline_reply* reply);
   // The connection is gone: `reason` is OK after GOODBYE, else why it closed.
   virtual void OnDisconnect(const std::shared_ptr<WorkerSession>& session, const Status& reason) = 0;
 };
