@@ -132,8 +132,11 @@ void IntakeServer::Accept() {
   while (true) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        spdlog::warn("accept on {}: {}", socket_path_, std::strerror(errno));
+      const int err = errno;
+      uint64_t held_back = 0;
+      if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR && accept_log_.Allow(&held_back)) {
+        spdlog::warn("accept on {}: {} ({} more since the last)", socket_path_, std::strerror(err),
+                     held_back);
       }
       return;
     }
@@ -165,7 +168,12 @@ void IntakeServer::Close(int fd, const Status& reason) {
   if (!reason.ok() && session->greeted) {
     spdlog::warn("closing the connection of {}: {}", session->Describe(node_rank_), reason.message());
   } else if (!reason.ok()) {
-    spdlog::info("closing a connection before its handshake: {}", reason.message());
+    // Refused before the handshake (a wrong token, another program): can repeat without bound.
+    uint64_t held_back = 0;
+    if (refused_log_.Allow(&held_back)) {
+      spdlog::warn("refused a connection before its handshake: {}{}", reason.message(),
+                   held_back ? " (and " + std::to_string(held_back) + " more since the last)" : "");
+    }
   }
   if (session->greeted) handler_->OnDisconnect(session, reason);
 }

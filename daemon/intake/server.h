@@ -10,6 +10,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "daemon/common/logging.h"
 #include "daemon/intake/codec.h"
 #include "daemon/intake/session.h"
 #include "daemon/intake/shared_region.h"
@@ -66,6 +67,8 @@ class IntakeServer {
   int wake_fd_ = -1;  // eventfd that interrupts epoll_wait on Stop
   std::atomic<bool> stopping_{false};
   std::unordered_map<int, std::shared_ptr<WorkerSession>> sessions_;
+  LogLimiter refused_log_;  // connections refused before their handshake
+  LogLimiter accept_log_;
   std::thread thread_;
 };
 

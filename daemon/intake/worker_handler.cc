@@ -61,7 +61,7 @@ void WorkerHandler::OnHello(const std::shared_ptr<WorkerSession>& session,
   reply->local_size = world_.local_size;
   reply->rank = world_.node_rank * world_.local_size + hello.local_rank;
   reply->size = world_.size();
-  spdlog::info("{} connected (global rank {})", session->Describe(world_.node_rank), reply->rank);
+  spdlog::debug("{} connected (global rank {})", session->Describe(world_.node_rank), reply->rank);
 }
 
 void WorkerHandler::OnRegister(const std::shared_ptr<WorkerSession>& session,
@@ -161,7 +161,7 @@ void WorkerHandler::OnDisconnect(const std::shared_ptr<WorkerSession>& session,
   if (workers_[session->local_rank].lock() == session) workers_[session->local_rank].reset();
   connected_.fetch_sub(1, std::memory_order_relaxed);
   if (reason.ok() && !left.had_posted) {
-    spdlog::info("{} said goodbye", session->Describe(world_.node_rank));
+    spdlog::debug("{} said goodbye", session->Describe(world_.node_rank));
     return;
   }
   if (!reason.ok() && !left.had_tensors && !left.had_posted) return;  // never took part
