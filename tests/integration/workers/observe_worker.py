@@ -36,6 +36,7 @@ for step in range(args.steps):
     opt.step()
     if args.timeline and step == args.stop:
         hvd.stop_timeline()
+    print("step", step, flush=True)
     time.sleep(args.sleep)
 print("done", hvd.rank(), flush=True)
 hvd.shutdown()
