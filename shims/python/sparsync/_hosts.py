@@ -23,10 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-from sparsync._node import _GRACE_S
-
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 _STDERR_TAIL = 5  # ssh's last lines, quoted when a connection ends
+# How long a node runner may take to stop its host's processes (it gives them 5 s after SIGTERM).
+_STOP_WAIT_S = 10.0
 
 
 class HostError(ValueError):
@@ -380,13 +380,13 @@ class MultiHostLauncher:
         for conn in self.connections:
             conn.send({"cmd": "stop"})
             conn.close_input()
-        deadline = time.monotonic() + _GRACE_S + 5.0
+        deadline = time.monotonic() + _STOP_WAIT_S
         for conn in self.connections:
             try:
                 conn.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self._log("%s did not end within %.0f s of the stop: killing its connection"
-                          % (conn.host, _GRACE_S + 5.0))
+                          % (conn.host, _STOP_WAIT_S))
                 conn.proc.kill()
                 conn.proc.wait()
         for conn in self.connections:
