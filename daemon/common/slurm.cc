@@ -41,6 +41,15 @@ Result<std::optional<SlurmStep>> ReadSlurmStep(const std::map<std::string, std::
   if (job_id == nullptr || Find(env, "SLURM_NODEID") == nullptr) return std::optional<SlurmStep>();
   SlurmStep step;
   SPARSYNC_ASSIGN_OR_RETURN(step.node_rank, Integer(env, "SLURM_NODEID", 0));
+  if (Find(env, "SLURM_LOCALID") != nullptr) {
+    SPARSYNC_ASSIGN_OR_RETURN(int local, Integer(env, "SLURM_LOCALID", 0));
+    if (local != 0) {
+      return InvalidArgument("srun started more than one sparsyncd on node " +
+                             std::to_string(step.node_rank) + " (this is SLURM_LOCALID=" +
+                             std::to_string(local) + "): start the daemons with one task per "
+                             "node (srun --ntasks-per-node=1 --ntasks=<nodes>)");
+    }
+  }
   bool counted = false;
   for (const char* key : {"SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"}) {
     if (Find(env, key) == nullptr) continue;

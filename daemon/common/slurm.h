@@ -6,6 +6,7 @@
 //                 `scontrol show hostnames`), port 29400 + SLURM_JOB_ID % 1000, so that two jobs
 //                 sharing a node do not collide
 //   listen        SLURMD_NODENAME, this node's name in Slurm
+// One daemon per node: a task with SLURM_LOCALID > 0 is a second one on its node, an error.
 // Pure functions of the variables given, except ScontrolHostnames, which runs scontrol.
 #pragma once
 

@@ -167,6 +167,9 @@ void IntakeServer::Close(int fd, const Status& reason) {
   session->Shutdown();
   if (!reason.ok() && session->greeted) {
     spdlog::warn("closing the connection of {}: {}", session->Describe(node_rank_), reason.message());
+  } else if (!reason.ok() && reason.code() == StatusCode::kUnavailable) {
+    // Connected and left before saying anything: another daemon probing the socket at start-up.
+    spdlog::debug("a connection closed before its handshake: {}", reason.message());
   } else if (!reason.ok()) {
     // Refused before the handshake (a wrong token, another program): can repeat without bound.
     uint64_t held_back = 0;

@@ -6,6 +6,7 @@ SLURM_*); the results are checked on every rank.
 """
 
 import re
+import sys
 
 import pytest
 
@@ -53,7 +54,7 @@ def sbatch(slurm, tmp_path, ntasks_per_node, command, extra=None):
 @pytest.mark.parametrize("per_node", [1, 2])
 def test_sbatch_runs_the_daemons_and_the_workers_from_slurms_variables(slurm, tmp_path,
                                                                         per_node):
-    r, out = sbatch(slurm, tmp_path, per_node, ["python3", "-c", WORKER])
+    r, out = sbatch(slurm, tmp_path, per_node, [sys.executable, "-c", WORKER])
     assert r.returncode == 0, "%s\n%s\n%s\n%s" % (r.stdout, r.stderr, out, slurm.logs())
     size = 2 * per_node
     total = size * (size + 1) // 2
@@ -66,10 +67,13 @@ def test_sbatch_runs_the_daemons_and_the_workers_from_slurms_variables(slurm, tm
     job = int(re.search(r"Submitted batch job (\d+)", r.stdout).group(1))
     assert "coordinator sn0:%d" % (29400 + job % 1000) in out, out
     assert "node 1/2" in out and "listen sn1" in out, out
+    # At the end the daemons were stopped with SIGTERM, not killed.
+    assert out.count("received SIGTERM, shutting down") == 2, out
+    assert "Killed" not in out, out
 
 
 def test_a_failing_worker_fails_the_batch_job(slurm, tmp_path):
     code = ("import sys, sparsync.torch as hvd\nhvd.init()\n"
             "sys.exit(3 if hvd.rank() == 1 else 0)\n")
-    r, out = sbatch(slurm, tmp_path, 1, ["python3", "-c", code])
+    r, out = sbatch(slurm, tmp_path, 1, [sys.executable, "-c", code])
     assert r.returncode != 0, out

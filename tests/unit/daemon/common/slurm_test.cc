@@ -63,6 +63,18 @@ TEST(SlurmTest, ReadsTheStep) {
   EXPECT_EQ((*step)->nodelist, "gpu[1-4]");
 }
 
+// srun with the job's K tasks per node would start K daemons on each node: all but one refuse.
+TEST(SlurmTest, ASecondDaemonOnANodeIsRefused) {
+  Env env = SrunTask();
+  env["SLURM_LOCALID"] = "0";
+  EXPECT_TRUE(ReadSlurmStep(env).ok());
+  env["SLURM_LOCALID"] = "1";
+  auto step = ReadSlurmStep(env);
+  ASSERT_FALSE(step.ok());
+  EXPECT_NE(step.status().message().find("--ntasks-per-node=1"), std::string::npos)
+      << step.status().message();
+}
+
 TEST(SlurmTest, AMalformedVariableIsNamed) {
   Env env = SrunTask();
   env["SLURM_NODEID"] = "one";
