@@ -220,6 +220,11 @@ sparsync_status sparsync_unregister_tensor(sparsync_client* client, uint32_t ten
   return OnHandle(client, [&] { return client->session->Unregister(tensor_id); });
 }
 
+sparsync_status sparsync_timeline(sparsync_client* client, const char* path, double timeout_s) {
+  if (client == nullptr) return SPARSYNC_ERR_INVALID;
+  return OnHandle(client, [&] { return client->session->Timeline(path ? path : "", timeout_s); });
+}
+
 const char* sparsync_last_error(sparsync_client* client) {
   if (client == nullptr) return "sparsync: null client handle";
   std::lock_guard<std::mutex> lock(client->error_mu);

@@ -71,6 +71,8 @@ class Session {
   Status WaitDone(uint32_t id, double timeout_s, const device::CudaStream* stream);
   Status AllgatherResult(uint32_t id, const void** data, uint64_t* bytes, int64_t* dim0);
   Status Unregister(uint32_t id);
+  // Starts the daemon's timeline into `path`, or stops it (""); waits for its answer.
+  Status Timeline(const std::string& path, double timeout_s);
   // Tells the daemon this worker leaves on purpose (best effort; not after a failure).
   void Goodbye();
 
@@ -103,6 +105,9 @@ class Session {
   sparsync_world world_{};
   bool hello_arrived_ = false;
   sparsync_hello_reply hello_reply_{};
+  std::mutex timeline_mu_;          // one TIMELINE in flight at a time; taken before mu_
+  bool timeline_pending_ = false;   // a TIMELINE awaits its reply
+  sparsync_timeline_reply timeline_reply_{};
   TensorRegistry registry_;
   std::shared_ptr<const device::CudaRuntime> cuda_;  // loaded at the first CUDA registration
 };

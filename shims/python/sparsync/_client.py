@@ -103,6 +103,7 @@ def _library():
                                               c.c_void_p, c.POINTER(c.c_uint32)],
             "sparsync_post_ready_cuda": [c.c_void_p, c.c_uint32, c.c_void_p],
             "sparsync_wait_done_cuda": [c.c_void_p, c.c_uint32, c.c_double, c.c_void_p],
+            "sparsync_timeline": [c.c_void_p, c.c_char_p, c.c_double],
             "sparsync_last_error": [c.c_void_p],
         }
         for name, args in sig.items():
@@ -302,6 +303,11 @@ class Client:
     def unregister(self, reg):
         if self._h:
             self._check(self._lib.sparsync_unregister_tensor(self._h, reg.id))
+
+    def timeline(self, path, timeout_s):
+        """Starts the daemon's timeline into `path` (bytes), or stops it (b"")."""
+        self._require_open()
+        self._check(self._lib.sparsync_timeline(self._h, path, timeout_s))
 
     def close(self):
         if self._h:

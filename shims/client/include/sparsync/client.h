@@ -125,6 +125,11 @@ sparsync_status sparsync_post_ready_cuda(sparsync_client* client, uint32_t tenso
 sparsync_status sparsync_wait_done_cuda(sparsync_client* client, uint32_t tensor_id,
                                         double timeout_s, void* stream);
 
+/* Starts the daemon's timeline into `path` (a file on the daemon's machine; "{node}" in it stands
+ * for the node's rank, and without it only node 0 records), or stops it (`path` NULL or "").
+ * Waits up to `timeout_s` seconds for the daemon's answer. */
+sparsync_status sparsync_timeline(sparsync_client* client, const char* path, double timeout_s);
+
 /* The message of the last failing call on this handle ("" if none). Valid until the next call. */
 const char* sparsync_last_error(sparsync_client* client);
 

@@ -459,5 +459,22 @@ TEST_F(ClientTest, TheCudaRuntimeIsTheOneTheOptionsName) {
   unsetenv("SPARSYNC_CUDART");
 }
 
+// The timeline's control: the path reaches the daemon, "" (or NULL) stops, and the daemon's
+// refusal comes back with its reason and the path.
+TEST_F(ClientTest, TimelineRequestsReachTheDaemonAndItsAnswerComesBack) {
+  Connect();
+  EXPECT_EQ(sparsync_timeline(client_, "/tmp/t-{node}.json", 5.0), SPARSYNC_OK) << LastError();
+  EXPECT_EQ(sparsync_timeline(client_, nullptr, 5.0), SPARSYNC_OK) << LastError();
+  EXPECT_EQ(daemon_.timelines(), (std::vector<std::string>{"/tmp/t-{node}.json", ""}));
+  daemon_.timeline_answer = InvalidArgument("cannot create the timeline file");
+  EXPECT_EQ(sparsync_timeline(client_, "/nope/t.json", 5.0), SPARSYNC_ERR_INVALID);
+  EXPECT_NE(LastError().find("cannot create the timeline file"), std::string::npos)
+      << LastError();
+  EXPECT_NE(LastError().find("/nope/t.json"), std::string::npos) << LastError();
+  const std::string too_long(SPARSYNC_MAX_PATH_BYTES + 1, 'x');
+  EXPECT_EQ(sparsync_timeline(client_, too_long.c_str(), 5.0), SPARSYNC_ERR_INVALID);
+  EXPECT_EQ(daemon_.timelines().size(), 3u) << "an invalid path was sent";
+}
+
 }  // namespace
 }  // namespace sparsync::client_test
