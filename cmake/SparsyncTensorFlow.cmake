@@ -13,7 +13,7 @@ if(NOT EXISTS "${SPARSYNC_TF_PYTHON}")
 endif()
 execute_process(
   COMMAND ${CMAKE_COMMAND} -E env TF_CPP_MIN_LOG_LEVEL=3 ${SPARSYNC_TF_PYTHON} -c
-          "import tensorflow as tf; s = tf.sysconfig; print(tf.__version__); print(';'.join(s.get_compile_flags())); print(';'.join(s.get_link_flags()))"
+          "import tensorflow as tf; s = tf.sysconfig; print(tf.__version__); print('|'.join(s.get_compile_flags())); print('|'.join(s.get_link_flags()))"
   OUTPUT_VARIABLE _tf_out ERROR_VARIABLE _tf_err RESULT_VARIABLE _tf_rc
   OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT _tf_rc EQUAL 0)
@@ -25,8 +25,8 @@ string(REPLACE "\n" ";" _tf_lines "${_tf_out}")
 list(GET _tf_lines 0 SPARSYNC_TF_VERSION)
 list(GET _tf_lines 1 _tf_cflags)
 list(GET _tf_lines 2 _tf_lflags)
-string(REPLACE " " ";" _tf_cflags "${_tf_cflags}")
-string(REPLACE " " ";" _tf_lflags "${_tf_lflags}")
+string(REPLACE "|" ";" _tf_cflags "${_tf_cflags}")
+string(REPLACE "|" ";" _tf_lflags "${_tf_lflags}")
 set(SPARSYNC_TF_DEFINITIONS "")
 set(SPARSYNC_TF_CXX_STANDARD 17)
 foreach(_f IN LISTS _tf_cflags)

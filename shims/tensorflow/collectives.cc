@@ -1,10 +1,17 @@
 #include "shims/tensorflow/collectives.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
 namespace sparsync::tensorflow_shim {
 namespace {
+
+// A waiting thread looks up at least this often: the thread receiving for the session is not
+// woken by an unregistration (the client library's leader/follower wait), so Close would wait
+// for the daemon's answer or the whole timeout otherwise.
+constexpr double kWaitSliceS = 0.25;
 
 constexpr char kNotInitialized[] =
     "sparsync has not been initialized; use hvd.init() (sparsync.tensorflow)";
@@ -207,6 +214,16 @@ bool Collectives::Post(const EntryPtr& entry, Request* request) {
   return false;
 }
 
+sparsync_status Collectives::WaitInSlices(sparsync_client* client, uint32_t id, double timeout_s) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double left = timeout_s - waited;
+    sparsync_status s = sparsync_wait_done(client, id, std::max(0.0, std::min(kWaitSliceS, left)));
+    if (s != SPARSYNC_ERR_TIMEOUT || left <= kWaitSliceS || !connected()) return s;
+  }
+}
+
 void Collectives::Complete(const EntryPtr& entry, Request request) {
   sparsync_client* client;
   double timeout_s;
@@ -219,7 +236,7 @@ void Collectives::Complete(const EntryPtr& entry, Request request) {
   }
   const uint32_t id = entry->id;
   const TensorKey& key = entry->key;
-  sparsync_status s = sparsync_wait_done(client, id, timeout_s);
+  sparsync_status s = WaitInSlices(client, id, timeout_s);
   if (s != SPARSYNC_OK) {
     Outcome failed = Failure(s, [&] { return sparsync_wait_done(client, id, 0.0); });
     if (!connected()) {

@@ -51,7 +51,7 @@ struct ConnectSettings {
 struct TensorKey {
   std::string name;
   sparsync_op op = SPARSYNC_OP_ALLREDUCE;
-  sparsync_dtype dtype = SPARSYNC_DTYPE_FLOAT32;
+  sparsync_dtype dtype = SPARSYNC_FLOAT32;
   sparsync_reduce_op reduce_op = SPARSYNC_REDUCE_SUM;
   int32_t root_rank = 0;
   std::vector<int64_t> shape;
@@ -110,6 +110,8 @@ class Collectives {
   // Copies the input into the region and posts it; on failure answers `request`.
   // REQUIRES: BeginRegionUse() held.
   bool Post(const EntryPtr& entry, Request* request);
+  // sparsync_wait_done for up to `timeout_s`, in slices, returning early once Close has begun.
+  sparsync_status WaitInSlices(sparsync_client* client, uint32_t id, double timeout_s);
   // On a pool thread: waits for DONE, copies the result, answers `request`.
   void Complete(const EntryPtr& entry, Request request);
   // The result of a successful round into the request's output. REQUIRES: BeginRegionUse().

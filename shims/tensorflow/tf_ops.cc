@@ -47,13 +47,13 @@ absl::Status ToTfStatus(const Outcome& o) {
 
 bool WireDtype(tf::DataType t, sparsync_dtype* out) {
   switch (t) {
-    case tf::DT_FLOAT: *out = SPARSYNC_DTYPE_FLOAT32; return true;
-    case tf::DT_DOUBLE: *out = SPARSYNC_DTYPE_FLOAT64; return true;
-    case tf::DT_HALF: *out = SPARSYNC_DTYPE_FLOAT16; return true;
-    case tf::DT_BFLOAT16: *out = SPARSYNC_DTYPE_BFLOAT16; return true;
-    case tf::DT_INT32: *out = SPARSYNC_DTYPE_INT32; return true;
-    case tf::DT_INT64: *out = SPARSYNC_DTYPE_INT64; return true;
-    case tf::DT_UINT8: *out = SPARSYNC_DTYPE_UINT8; return true;
+    case tf::DT_FLOAT: *out = SPARSYNC_FLOAT32; return true;
+    case tf::DT_DOUBLE: *out = SPARSYNC_FLOAT64; return true;
+    case tf::DT_HALF: *out = SPARSYNC_FLOAT16; return true;
+    case tf::DT_BFLOAT16: *out = SPARSYNC_BFLOAT16; return true;
+    case tf::DT_INT32: *out = SPARSYNC_INT32; return true;
+    case tf::DT_INT64: *out = SPARSYNC_INT64; return true;
+    case tf::DT_UINT8: *out = SPARSYNC_UINT8; return true;
     default: return false;
   }
 }
@@ -82,7 +82,7 @@ class SparsyncKernel : public tf::AsyncOpKernel {
                                         "' has an unsupported dtype " +
                                         tf::DataTypeString(input.dtype()));
     }
-    if (input.dims() > SPARSYNC_MAX_DIMS) {
+    if (input.dims() > static_cast<int>(SPARSYNC_MAX_DIMS)) {
       return absl::InvalidArgumentError("sparsync: tensor '" + tensor_name_ + "' has " +
                                         std::to_string(input.dims()) + " dimensions; at most " +
                                         std::to_string(SPARSYNC_MAX_DIMS) + " are supported");
@@ -210,7 +210,10 @@ REGISTER_OP("SparsyncAllreduce")
     .Attr("tensor_name: string = ''")
     .Input("tensor: T")
     .Output("sum: T")
-    .SetIsStateful()  // it communicates: never folded, deduplicated or pruned as pure
+    // Not stateful, as Horovod's ops: a tf.function chains its stateful ops in program order
+    // (automatic control dependencies), which would serialise the collectives and keep each
+    // gradient's from starting before the previous one finished. Identical nodes may be merged
+    // and unused ones pruned; the graph is the same on every rank, so that is the same there.
     .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
     .Doc("The average or sum of `tensor` over every worker of the job, through sparsyncd.");
 
@@ -219,7 +222,6 @@ REGISTER_OP("SparsyncAllgather")
     .Attr("tensor_name: string = ''")
     .Input("tensor: T")
     .Output("output: T")
-    .SetIsStateful()
     .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
       ::tensorflow::shape_inference::ShapeHandle output;
       TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(0), 0, c->UnknownDim(), &output));
@@ -234,7 +236,6 @@ REGISTER_OP("SparsyncBroadcast")
     .Attr("tensor_name: string = ''")
     .Input("tensor: T")
     .Output("output: T")
-    .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
     .Doc("`tensor` of rank `root_rank`, on every worker.");
 

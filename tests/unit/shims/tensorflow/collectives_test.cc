@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "daemon/intake/shared_region.h"
@@ -36,6 +37,8 @@ struct Answer {
 
 // One float32 tensor of a request with its own input and output buffers.
 struct Floats {
+  Floats() = default;
+  explicit Floats(std::vector<float> in) : input(std::move(in)) {}
   std::vector<float> input, output;
   std::shared_ptr<Answer> answer = std::make_shared<Answer>();
 };
@@ -44,7 +47,7 @@ Request FloatRequest(const std::string& name, Floats* f, sparsync_op op = SPARSY
   Request r;
   r.tensor.name = name;
   r.tensor.op = op;
-  r.tensor.dtype = SPARSYNC_DTYPE_FLOAT32;
+  r.tensor.dtype = SPARSYNC_FLOAT32;
   r.tensor.shape = {static_cast<int64_t>(f->input.size())};
   f->output.assign(f->input.size(), -1.0f);
   r.input = f->input.data();
@@ -92,7 +95,7 @@ class CollectivesTest : public ::testing::Test {
 };
 
 TEST_F(CollectivesTest, BeforeConnectEveryRequestIsRefusedNamingInit) {
-  Floats f{{1, 2}};
+  Floats f({1, 2});
   collectives_.Enqueue(FloatRequest("x", &f));
   Outcome o = Wait(f);
   EXPECT_EQ(o.status, SPARSYNC_ERR_INVALID);
@@ -103,7 +106,7 @@ TEST_F(CollectivesTest, TheResultLandsInTheOutputAndTheRegistrationIsReused) {
   Connect();
   daemon_.SetOnReady(TimesTen);
   for (int step = 0; step < 3; ++step) {
-    Floats f{{1, 2, 3}};
+    Floats f({1, 2, 3});
     collectives_.Enqueue(FloatRequest("x", &f));
     Outcome o = Wait(f);
     ASSERT_TRUE(o.ok()) << o.message;
@@ -116,7 +119,7 @@ TEST_F(CollectivesTest, TheResultLandsInTheOutputAndTheRegistrationIsReused) {
 TEST_F(CollectivesTest, ANewShapeUnderTheSameNameRegistersAgain) {
   Connect();
   daemon_.SetOnReady(TimesTen);
-  Floats a{{1, 2}}, b{{1, 2, 3, 4}};
+  Floats a({1, 2}), b({1, 2, 3, 4});
   collectives_.Enqueue(FloatRequest("x", &a));
   ASSERT_TRUE(Wait(a).ok());
   collectives_.Enqueue(FloatRequest("x", &b));
@@ -130,12 +133,12 @@ TEST_F(CollectivesTest, ANewShapeUnderTheSameNameRegistersAgain) {
 
 TEST_F(CollectivesTest, EnqueueReturnsWhileTheDaemonHasNotAnswered) {
   Connect();
-  Floats warm{{1}};
+  Floats warm({1});
   daemon_.SetOnReady(TimesTen);
   collectives_.Enqueue(FloatRequest("x", &warm));
   ASSERT_TRUE(Wait(warm).ok());
   daemon_.SetOnReady(nullptr);  // READYs are recorded, not answered
-  Floats f{{5}};
+  Floats f({5});
   auto start = std::chrono::steady_clock::now();
   collectives_.Enqueue(FloatRequest("x", &f));
   EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
@@ -149,7 +152,7 @@ TEST_F(CollectivesTest, EnqueueReturnsWhileTheDaemonHasNotAnswered) {
 
 TEST_F(CollectivesTest, ASecondRequestOfATensorInFlightFailsNamingIt) {
   Connect();
-  Floats first{{1}}, second{{2}};
+  Floats first({1}), second({2});
   collectives_.Enqueue(FloatRequest("w", &first));
   ASSERT_EQ(daemon_.WaitForReadies(1, 5s).size(), 1u);
   collectives_.Enqueue(FloatRequest("w", &second));
@@ -187,7 +190,7 @@ TEST_F(CollectivesTest, TheDaemonsErrorReachesDoneWithItsCode) {
     ScriptedDaemon::SendDone(r, SPARSYNC_ERR_MISMATCH,
                              "tensor 'x' has shape [2] on node 0 but [3] on node 1");
   });
-  Floats f{{1, 2}};
+  Floats f({1, 2});
   collectives_.Enqueue(FloatRequest("x", &f));
   Outcome o = Wait(f);
   EXPECT_EQ(o.status, SPARSYNC_ERR_MISMATCH);
@@ -196,7 +199,7 @@ TEST_F(CollectivesTest, TheDaemonsErrorReachesDoneWithItsCode) {
 
 TEST_F(CollectivesTest, CloseAnswersWhatIsInFlightAndLaterRequestsAreRefused) {
   Connect();
-  Floats f{{1}};
+  Floats f({1});
   collectives_.Enqueue(FloatRequest("x", &f));
   ASSERT_EQ(daemon_.WaitForReadies(1, 5s).size(), 1u);  // never answered
   auto start = std::chrono::steady_clock::now();
@@ -206,14 +209,14 @@ TEST_F(CollectivesTest, CloseAnswersWhatIsInFlightAndLaterRequestsAreRefused) {
   EXPECT_EQ(o.status, SPARSYNC_ERR_ABORTED);
   EXPECT_THAT(o.message, HasSubstr("shut down"));
   EXPECT_THAT(o.message, HasSubstr("'x'"));
-  Floats later{{1}};
+  Floats later({1});
   collectives_.Enqueue(FloatRequest("x", &later));
   EXPECT_EQ(Wait(later).status, SPARSYNC_ERR_INVALID);
 }
 
 TEST_F(CollectivesTest, AllgatherAsksForItsOutputOnceTheRowsAreKnown) {
   Connect();
-  Floats f{{1, 2, 3, 4}};
+  Floats f({1, 2, 3, 4});
   Request r = FloatRequest("g", &f, SPARSYNC_OP_ALLGATHER);
   r.tensor.shape = {2, 2};
   std::vector<float> gathered;
