@@ -6,6 +6,7 @@
 // and completes the op on one of its own threads, setting the status and calling `done` there.
 // Gradients are registered in Python (sparsync/tensorflow/_ops.py).
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -63,8 +64,6 @@ class SparsyncKernel : public tf::AsyncOpKernel {
  public:
   SparsyncKernel(tf::OpKernelConstruction* ctx, sparsync_op op) : AsyncOpKernel(ctx), op_(op) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tensor_name", &tensor_name_));
-    // Unnamed: the node's name, the same on every rank that built the same graph.
-    if (tensor_name_.empty()) tensor_name_ = "tf." + name();
     OP_REQUIRES(ctx, tensor_name_.size() <= SPARSYNC_MAX_NAME_BYTES,
                 absl::InvalidArgumentError("sparsync: tensor name '" + tensor_name_ +
                                            "' is longer than " +
@@ -75,15 +74,15 @@ class SparsyncKernel : public tf::AsyncOpKernel {
   // Fills the request's tensor from input 0 and its `done` from the op's.
   absl::Status Describe(tf::OpKernelContext* ctx, const DoneCallback& done, Request* r) {
     const tf::Tensor& input = ctx->input(0);
-    r->tensor.name = tensor_name_;
+    r->tensor.name = tensor_name_.empty() ? UnnamedName(input) : tensor_name_;
     r->tensor.op = op_;
     if (!WireDtype(input.dtype(), &r->tensor.dtype)) {
-      return absl::InvalidArgumentError("sparsync: tensor '" + tensor_name_ +
+      return absl::InvalidArgumentError("sparsync: tensor '" + r->tensor.name +
                                         "' has an unsupported dtype " +
                                         tf::DataTypeString(input.dtype()));
     }
     if (input.dims() > static_cast<int>(SPARSYNC_MAX_DIMS)) {
-      return absl::InvalidArgumentError("sparsync: tensor '" + tensor_name_ + "' has " +
+      return absl::InvalidArgumentError("sparsync: tensor '" + r->tensor.name + "' has " +
                                         std::to_string(input.dims()) + " dimensions; at most " +
                                         std::to_string(SPARSYNC_MAX_DIMS) + " are supported");
     }
@@ -105,6 +104,26 @@ class SparsyncKernel : public tf::AsyncOpKernel {
   }
 
  private:
+  // The name of an op given none: its node's name (eagerly, its type's), which is the same on
+  // every rank that runs the same program, and its dtype and shape (not an allgather's first
+  // dimension, which may differ between ranks). One name must keep one spec: a worker that
+  // registered the name again with another shape while a worker of its node still holds the
+  // old one would be refused as a mismatch.
+  std::string UnnamedName(const tf::Tensor& input) const {
+    std::string n = "tf." + name() + ":" + tf::DataTypeString(input.dtype()) + "[";
+    for (int d = op_ == SPARSYNC_OP_ALLGATHER ? 1 : 0; d < input.dims(); ++d) {
+      n += std::to_string(input.dim_size(d)) + (d + 1 < input.dims() ? "," : "");
+    }
+    n += "]";
+    if (n.size() <= SPARSYNC_MAX_NAME_BYTES) return n;
+    // Too long for the wire: its tail and a hash of the whole (FNV-1a, the same everywhere).
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : n) h = (h ^ c) * 1099511628211ull;
+    char hex[17];
+    snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+    return "tf.~" + std::string(hex) + n.substr(n.size() - (SPARSYNC_MAX_NAME_BYTES - 20));
+  }
+
   const sparsync_op op_;
   std::string tensor_name_;
 };

@@ -167,8 +167,11 @@ def broadcast_variables(variables, root_rank=0, process_set=None):
 
     if not tf.executing_eagerly():
         return assign_all()
+    def run():
+        assign_all()  # a tf.function returns tensors, not the grouping op
+
     if variables:
-        _ops.run_eagerly(tf.function(assign_all, autograph=False))
+        _ops.run_eagerly(tf.function(run, autograph=False))
     return None
 
 

@@ -19,7 +19,7 @@ from sparsync._errors import SparsyncError
 
 _NAME = "libsparsync_tensorflow.so"
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
-_REPO_ROOT = _PACKAGE_DIR.parents[1]
+_REPO_ROOT = _PACKAGE_DIR.parents[2]  # shims/python/sparsync -> the checkout
 
 # The op library's TensorFlow error codes for each sparsync_status (tf_ops.cc, ToTfStatus).
 _STATUS_OF_ERROR = {
