@@ -8,6 +8,7 @@ connection to the daemon.
 
 import ctypes
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -31,7 +32,7 @@ _STATUS_OF_ERROR = {
     tf.errors.InternalError: W.ERR_INTERNAL,
     tf.errors.PermissionDeniedError: W.ERR_PERMISSION,
 }
-_PREFIX = "sparsync: "
+_MESSAGE = re.compile(r"sparsync: (.*?)(?: \[Op:Sparsync\w+\].*)?$", re.DOTALL)
 
 
 def find_library():
@@ -106,11 +107,12 @@ def ops():
 
 def as_sparsync_error(e):
     """The SparsyncError of an error the op library raised, else None."""
-    message = getattr(e, "message", str(e))
-    if not message.startswith(_PREFIX):
+    # Eagerly TensorFlow writes "{{function_node ...}} sparsync: <ours> [Op:SparsyncAllreduce]".
+    found = _MESSAGE.search(getattr(e, "message", str(e)))
+    if found is None:
         return None
     status = next((s for cls, s in _STATUS_OF_ERROR.items() if isinstance(e, cls)), None)
-    return SparsyncError(message[len(_PREFIX):], status)
+    return SparsyncError(found.group(1), status)
 
 
 def run_eagerly(fn, *args, **kwargs):
