@@ -88,6 +88,14 @@ with tf.GradientTape() as tape:
     loss = tf.reduce_sum(hvd.broadcast(x, root, name="grad.bc") * c)
 out["grad.broadcast"] = tape.gradient(loss, x).numpy()
 
+# A tf.compat.v1.train.Optimizer wrapped: compute_gradients returns the averaged gradients.
+v1 = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0))
+var = tf.Variable(tf.zeros([2]), name="v1var")
+pairs = v1.compute_gradients(lambda: tf.reduce_sum(var * c), var_list=[var])
+out["v1.grad"] = pairs[0][0].numpy()
+v1.apply_gradients(pairs)
+out["v1.var"] = var.numpy()
+
 np.savez(os.path.join(os.environ["OUT_DIR"], "rank%d.npz" % r), **out)
 hvd.shutdown()
 print("worker %d of %d done" % (r, n))
