@@ -71,8 +71,9 @@ def tf_worker(reps):
     for key, distributed in (("step_local", False), ("step", True)):
         m = model(distributed)
         out[key] = median_time(lambda: m.train_on_batch(xb, yb), reps)
+    rank = hvd.rank()
     hvd.shutdown()
-    return hvd, out
+    return rank, out
 
 
 def torch_worker(reps):
@@ -109,8 +110,9 @@ def torch_worker(reps):
             F.cross_entropy(m(xb), yb).backward()
             opt.step()
         out[key] = median_time(step, reps)
+    rank = hvd.rank()
     hvd.shutdown()
-    return hvd, out
+    return rank, out
 
 
 def client_worker(reps):
@@ -132,17 +134,12 @@ def client_worker(reps):
             return region.copy()
         out["allreduce"][n] = median_time(allreduce, reps)
     client.close()
-
-    class World:
-        @staticmethod
-        def rank():
-            return client.world["rank"]
-    return World, out
+    return client.world["rank"], out
 
 
 def worker(kind, reps, path):
-    hvd, out = {"tf": tf_worker, "torch": torch_worker, "client": client_worker}[kind](reps)
-    if hvd.rank() == 0:
+    rank, out = {"tf": tf_worker, "torch": torch_worker, "client": client_worker}[kind](reps)
+    if rank == 0:
         Path(path).write_text(json.dumps(out))
 
 
@@ -153,7 +150,9 @@ def run(kind, np_, reps, path):
     before = os.getloadavg()[0]
     cmd = [str(runner), "-np", str(np_), str(PYTHONS[kind]), __file__, "--worker", kind,
            "--reps", str(reps), "--out", path]
-    if subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL).returncode != 0:
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout[-3000:])
         raise SystemExit("%s run failed" % kind)
     result = json.loads(Path(path).read_text())
     result["load"] = (before, os.getloadavg()[0])
