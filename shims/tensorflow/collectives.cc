@@ -70,9 +70,9 @@ bool Collectives::connected() const {
   return client_ != nullptr && !closing_;
 }
 
-Outcome Collectives::Failure(sparsync_status status, const std::function<sparsync_status()>& again) {
+Outcome Collectives::Failure(sparsync_client* client, sparsync_status status,
+                             const std::function<sparsync_status()>& again) {
   std::lock_guard<std::mutex> lock(error_mu_);
-  sparsync_client* client = client_;  // stable while a call of ours is in progress
   if (again) {
     sparsync_status repeated = again();
     if (repeated != SPARSYNC_OK) status = repeated;
@@ -210,7 +210,7 @@ bool Collectives::Post(const EntryPtr& entry, Request* request) {
   if (bytes > 0) memcpy(entry->data, request->input, bytes);
   sparsync_status s = sparsync_post_ready(client, entry->id);
   if (s == SPARSYNC_OK) return true;
-  Finish(entry, request, Failure(s));
+  Finish(entry, request, Failure(client, s));
   return false;
 }
 
@@ -238,7 +238,7 @@ void Collectives::Complete(const EntryPtr& entry, Request request) {
   const TensorKey& key = entry->key;
   sparsync_status s = WaitInSlices(client, id, timeout_s);
   if (s != SPARSYNC_OK) {
-    Outcome failed = Failure(s, [&] { return sparsync_wait_done(client, id, 0.0); });
+    Outcome failed = Failure(client, s, [&] { return sparsync_wait_done(client, id, 0.0); });
     if (!connected()) {
       failed = Error(SPARSYNC_ERR_ABORTED, ShutDownWhile(key.name));
     } else if (failed.status == SPARSYNC_ERR_TIMEOUT) {
@@ -263,7 +263,7 @@ Outcome Collectives::CopyResult(sparsync_client* client, const Entry& entry, Req
   uint64_t bytes = 0;
   int64_t dim0 = 0;
   sparsync_status s = sparsync_allgather_result(client, entry.id, &data, &bytes, &dim0);
-  if (s != SPARSYNC_OK) return Failure(s);
+  if (s != SPARSYNC_OK) return Failure(client, s);
   std::string error;
   void* out = request->allocate(dim0, bytes, &error);
   if (out == nullptr) return Error(SPARSYNC_ERR_INTERNAL, error);

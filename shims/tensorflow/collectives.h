@@ -36,9 +36,9 @@ struct Outcome {
 };
 
 struct ConnectSettings {
-  std::string socket_path;  // SPARSYNC_SOCKET
-  std::string job_token;    // SPARSYNC_JOB_TOKEN
-  uint32_t local_rank = 0;  // SPARSYNC_LOCAL_RANK
+  std::string socket_path;          // SPARSYNC_SOCKET
+  std::string job_token;            // SPARSYNC_JOB_TOKEN
+  uint32_t local_rank = 0;          // SPARSYNC_LOCAL_RANK
   double connect_timeout_s = 10.0;  // SPARSYNC_CONNECT_TIMEOUT_S
   // How long a collective waits for its DONE: the daemon's SPARSYNC_TIMEOUT_S plus a grace, so
   // that the daemon's own message is the one users see. `timeout_hint` names it in the error.
@@ -121,7 +121,8 @@ class Collectives {
   void Finish(const EntryPtr& entry, Request* request, const Outcome& outcome);
   // The message of `status`, the last failure on the handle; `again` repeats the failed call so
   // that the message read is its own even when another thread's call failed meanwhile.
-  Outcome Failure(sparsync_status status, const std::function<sparsync_status()>& again = {});
+  Outcome Failure(sparsync_client* client, sparsync_status status,
+                  const std::function<sparsync_status()>& again = {});
 
   mutable std::mutex mu_;  // guards every field below, not the client's calls
   sparsync_client* client_ = nullptr;

@@ -34,28 +34,58 @@ absl::Status ToTfStatus(const Outcome& o) {
   using absl::StatusCode;
   StatusCode code = StatusCode::kUnknown;
   switch (o.status) {
-    case SPARSYNC_OK: return absl::OkStatus();
-    case SPARSYNC_ERR_INVALID: code = StatusCode::kInvalidArgument; break;
-    case SPARSYNC_ERR_UNAVAILABLE: code = StatusCode::kUnavailable; break;
-    case SPARSYNC_ERR_TIMEOUT: code = StatusCode::kDeadlineExceeded; break;
-    case SPARSYNC_ERR_MISMATCH: code = StatusCode::kFailedPrecondition; break;
-    case SPARSYNC_ERR_ABORTED: code = StatusCode::kAborted; break;
-    case SPARSYNC_ERR_INTERNAL: code = StatusCode::kInternal; break;
-    case SPARSYNC_ERR_PERMISSION: code = StatusCode::kPermissionDenied; break;
+    case SPARSYNC_OK:
+      return absl::OkStatus();
+    case SPARSYNC_ERR_INVALID:
+      code = StatusCode::kInvalidArgument;
+      break;
+    case SPARSYNC_ERR_UNAVAILABLE:
+      code = StatusCode::kUnavailable;
+      break;
+    case SPARSYNC_ERR_TIMEOUT:
+      code = StatusCode::kDeadlineExceeded;
+      break;
+    case SPARSYNC_ERR_MISMATCH:
+      code = StatusCode::kFailedPrecondition;
+      break;
+    case SPARSYNC_ERR_ABORTED:
+      code = StatusCode::kAborted;
+      break;
+    case SPARSYNC_ERR_INTERNAL:
+      code = StatusCode::kInternal;
+      break;
+    case SPARSYNC_ERR_PERMISSION:
+      code = StatusCode::kPermissionDenied;
+      break;
   }
   return absl::Status(code, "sparsync: " + o.message);
 }
 
 bool WireDtype(tf::DataType t, sparsync_dtype* out) {
   switch (t) {
-    case tf::DT_FLOAT: *out = SPARSYNC_FLOAT32; return true;
-    case tf::DT_DOUBLE: *out = SPARSYNC_FLOAT64; return true;
-    case tf::DT_HALF: *out = SPARSYNC_FLOAT16; return true;
-    case tf::DT_BFLOAT16: *out = SPARSYNC_BFLOAT16; return true;
-    case tf::DT_INT32: *out = SPARSYNC_INT32; return true;
-    case tf::DT_INT64: *out = SPARSYNC_INT64; return true;
-    case tf::DT_UINT8: *out = SPARSYNC_UINT8; return true;
-    default: return false;
+    case tf::DT_FLOAT:
+      *out = SPARSYNC_FLOAT32;
+      return true;
+    case tf::DT_DOUBLE:
+      *out = SPARSYNC_FLOAT64;
+      return true;
+    case tf::DT_HALF:
+      *out = SPARSYNC_FLOAT16;
+      return true;
+    case tf::DT_BFLOAT16:
+      *out = SPARSYNC_BFLOAT16;
+      return true;
+    case tf::DT_INT32:
+      *out = SPARSYNC_INT32;
+      return true;
+    case tf::DT_INT64:
+      *out = SPARSYNC_INT64;
+      return true;
+    case tf::DT_UINT8:
+      *out = SPARSYNC_UINT8;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -64,10 +94,10 @@ class SparsyncKernel : public tf::AsyncOpKernel {
  public:
   SparsyncKernel(tf::OpKernelConstruction* ctx, sparsync_op op) : AsyncOpKernel(ctx), op_(op) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tensor_name", &tensor_name_));
-    OP_REQUIRES(ctx, tensor_name_.size() <= SPARSYNC_MAX_NAME_BYTES,
-                absl::InvalidArgumentError("sparsync: tensor name '" + tensor_name_ +
-                                           "' is longer than " +
-                                           std::to_string(SPARSYNC_MAX_NAME_BYTES) + " bytes"));
+    OP_REQUIRES(
+        ctx, tensor_name_.size() <= SPARSYNC_MAX_NAME_BYTES,
+        absl::InvalidArgumentError("sparsync: tensor name '" + tensor_name_ + "' is longer than " +
+                                   std::to_string(SPARSYNC_MAX_NAME_BYTES) + " bytes"));
   }
 
  protected:
@@ -136,12 +166,12 @@ class AllreduceKernel : public SparsyncKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("reduce_op", &reduce_op));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("compressor", &compressor));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("density", &density_));
-    OP_REQUIRES(ctx, reduce_op >= 0 && reduce_op < SPARSYNC_REDUCE_COUNT,
-                absl::InvalidArgumentError("sparsync: unknown reduce_op " +
-                                           std::to_string(reduce_op)));
-    OP_REQUIRES(ctx, compressor >= 0 && compressor < SPARSYNC_COMPRESSOR_COUNT,
-                absl::InvalidArgumentError("sparsync: unknown compressor " +
-                                           std::to_string(compressor)));
+    OP_REQUIRES(
+        ctx, reduce_op >= 0 && reduce_op < SPARSYNC_REDUCE_COUNT,
+        absl::InvalidArgumentError("sparsync: unknown reduce_op " + std::to_string(reduce_op)));
+    OP_REQUIRES(
+        ctx, compressor >= 0 && compressor < SPARSYNC_COMPRESSOR_COUNT,
+        absl::InvalidArgumentError("sparsync: unknown compressor " + std::to_string(compressor)));
     reduce_op_ = static_cast<sparsync_reduce_op>(reduce_op);
     compressor_ = static_cast<sparsync_compressor>(compressor);
   }
@@ -193,8 +223,8 @@ class AllgatherKernel : public SparsyncKernel {
     Request r;
     OP_REQUIRES_OK_ASYNC(ctx, Describe(ctx, done, &r), done);
     OP_REQUIRES_ASYNC(ctx, ctx->input(0).dims() >= 1,
-                      absl::InvalidArgumentError("sparsync: allgather of tensor '" +
-                                                 r.tensor.name + "' needs at least one dimension"),
+                      absl::InvalidArgumentError("sparsync: allgather of tensor '" + r.tensor.name +
+                                                 "' needs at least one dimension"),
                       done);
     // On a completion thread, once every rank's first dimension is known.
     r.allocate = [ctx](int64_t dim0, uint64_t bytes, std::string* error) -> void* {
@@ -222,10 +252,10 @@ class AllgatherKernel : public SparsyncKernel {
 
 REGISTER_OP("SparsyncAllreduce")
     .Attr("T: {float, double, half, bfloat16, int32, int64}")
-    .Attr("reduce_op: int = 0")   // sparsync_reduce_op: 0 average, 1 sum
+    .Attr("reduce_op: int = 0")      // sparsync_reduce_op: 0 average, 1 sum
     .Attr("gradient: bool = false")  // the GRADIENT op, which the daemon may compress
-    .Attr("compressor: int = 0")  // sparsync_compressor (GRADIENT only); 0: the daemon's
-    .Attr("density: float = 0")   // GRADIENT only; 0: the daemon's SPARSYNC_DENSITY
+    .Attr("compressor: int = 0")     // sparsync_compressor (GRADIENT only); 0: the daemon's
+    .Attr("density: float = 0")      // GRADIENT only; 0: the daemon's SPARSYNC_DENSITY
     .Attr("tensor_name: string = ''")
     .Input("tensor: T")
     .Output("sum: T")
@@ -273,9 +303,9 @@ extern "C" {
 // Connects this process's ops to the daemon; 0 on success, else a sparsync_status with the
 // reason in `error`. The settings are the shim's SPARSYNC_* (the library reads no environment).
 __attribute__((visibility("default"))) int sparsync_tf_init(
-    const char* socket_path, const char* job_token, uint32_t local_rank,
-    double connect_timeout_s, double wait_timeout_s, const char* timeout_hint,
-    const char* cuda_runtime, sparsync_world* world, char* error, size_t error_len) {
+    const char* socket_path, const char* job_token, uint32_t local_rank, double connect_timeout_s,
+    double wait_timeout_s, const char* timeout_hint, const char* cuda_runtime,
+    sparsync_world* world, char* error, size_t error_len) {
   using sparsync::tensorflow_shim::ConnectSettings;
   ConnectSettings s;
   s.socket_path = socket_path ? socket_path : "";

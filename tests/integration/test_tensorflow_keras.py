@@ -67,3 +67,21 @@ def test_tape_with_topk_trains_identically_on_every_rank(job_factory):
         losses = results[r]["losses"]
         assert losses[-1] < losses[0], (r, losses)
     job.assert_clean_after_stop(job.stop())
+
+
+@requires_tf
+def test_learning_rate_callbacks_set_the_rate_of_each_batch(job_factory):
+    job = job_factory(2, 1)
+    rcs = run_tf_workers(job, "tf_callbacks.py", timeout_s=180)
+    assert rcs == [0, 0], "workers failed: %s\n%s" % (rcs, job.logs())
+    res = dict(np.load(job.outdir / "rank0.npz"))
+    steps, lr, n = 4, 0.8, 2
+    # Warm-up over 2 epochs from lr / n to lr, a little every batch; then lr.
+    expected = [lr / n * ((e + b / steps) * (n - 1) / 2 + 1) for e in range(2) for b in range(steps)]
+    expected += [lr] * (2 * steps)
+    np.testing.assert_allclose(res["warmup"], expected, rtol=1e-6)
+    # Staircase: epoch 0 keeps the optimizer's rate, epochs 1 and 2 take lr * 0.5 ** epoch, and
+    # epoch 3 (past end_epoch) keeps the last one set.
+    expected = [lr] * steps + [lr / 2] * steps + [lr / 4] * steps + [lr / 4] * steps
+    np.testing.assert_allclose(res["stairs"], expected, rtol=1e-6)
+    job.assert_clean_after_stop(job.stop())

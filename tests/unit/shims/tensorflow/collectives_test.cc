@@ -255,7 +255,7 @@ TEST(CompletionPoolTest, GrowsToTheTasksThatWaitAndRunsQueuedOnesAtStop) {
       ++ran;
     }));
   }
-  EXPECT_EQ(pool.threads(), 8u);  // eight blocked tasks, eight threads
+  EXPECT_EQ(pool.threads(), 8u);             // eight blocked tasks, eight threads
   ASSERT_TRUE(pool.Submit([&] { ++ran; }));  // past the cap: queued
   EXPECT_EQ(pool.threads(), 8u);
   {
