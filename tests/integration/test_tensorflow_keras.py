@@ -47,23 +47,25 @@ def test_keras_fit_on_4_nodes_equals_one_process_on_the_whole_batch(job_factory)
 @requires_tf
 def test_tape_with_topk_trains_identically_on_every_rank(job_factory):
     # Top-k on every group, however small (the default sends groups under 64 KiB dense).
-    job = job_factory(4, 1, {"SPARSYNC_MIN_COMPRESS_BYTES": "0"})
+    job = job_factory(3, 1, {"SPARSYNC_MIN_COMPRESS_BYTES": "0"})
+    n = job.size
     rcs = run_tf_workers(job, "tf_tape_topk.py", timeout_s=240)
-    assert rcs == [0] * 4, "workers failed: %s\n%s" % (rcs, job.logs())
-    results = [dict(np.load(job.outdir / ("rank%d.npz" % r))) for r in range(4)]
+    assert rcs == [0] * n, "workers failed: %s\n%s" % (rcs, job.logs())
+    results = [dict(np.load(job.outdir / ("rank%d.npz" % r))) for r in range(n)]
     for key in results[0]:
         if key == "losses":
             continue  # each rank's loss is on its own data
-        for r in range(1, 4):
+        for r in range(1, n):
             assert results[r][key].tobytes() == results[0][key].tobytes(), \
                 "%s differs between rank 0 and rank %d" % (key, r)
     # Sparsified: each node sends 5 % of a merge group (at most all of the model's gradients),
-    # so at most 4 x 5 % of the model's size is non-zero in the first kernel's gradient.
+    # so at most n x 5 % of the model's size is non-zero in the first kernel's gradient (a dense
+    # one has no zeros: tanh).
     first = results[0]["first_grad"]
     total = sum(v.size for k, v in results[0].items() if k.startswith("w"))
-    assert np.count_nonzero(first) <= 4 * 0.05 * total + 4, (np.count_nonzero(first), first.size)
+    assert np.count_nonzero(first) <= n * 0.05 * total + n, (np.count_nonzero(first), first.size)
     assert np.count_nonzero(first) > 0
-    for r in range(4):
+    for r in range(n):
         losses = results[r]["losses"]
         assert losses[-1] < losses[0], (r, losses)
     job.assert_clean_after_stop(job.stop())
