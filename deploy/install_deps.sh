@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything sparsync needs to build, test and run its demo on Debian 12, as root.
 # Idempotent: a second run only checks. Creates the Python environment in <repo>/.venv
-# (Debian's python3 with its system packages, so Debian's python3-torch is visible).
+# (Debian's python3 with its system packages, so Debian's python3-torch is visible) and,
+# in the development set, the TensorFlow one in <repo>/.venv-tf (from PyPI, pinned).
 #
 #   deploy/install_deps.sh            the development set: compilers, libraries, the test tools
 #                                     (OpenSSH, Slurm, munge, Prometheus, the validators)
@@ -72,4 +73,21 @@ if [[ $mode == dev ]]; then
   done
 fi
 "$repo/.venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$repo/shims/python"
+
+# The TensorFlow environment <repo>/.venv-tf, for sparsync.tensorflow and its op library (CMake
+# builds shims/tensorflow when it exists). A second environment because TensorFlow 2.21 needs
+# numpy >= 1.26 and protobuf >= 6.31 (it brings numpy 2, protobuf 7 and Keras 3.15), which would
+# shadow Debian's numpy 1.24 that Debian's torch 1.13 in .venv is built against; so it is
+# Debian's python3 without the system packages. SPARSYNC_SKIP_TENSORFLOW=1 skips it.
+tf_pin="tensorflow-cpu==2.21.0"
+if [[ $mode == dev && ${SPARSYNC_SKIP_TENSORFLOW:-0} != 1 ]]; then
+  tf_py="$repo/.venv-tf/bin/python"
+  [[ -x "$tf_py" ]] || /usr/bin/python3 -m venv "$repo/.venv-tf"
+  if ! "$tf_py" -c "import importlib.metadata as m; import sys; \
+      sys.exit(m.version('tensorflow-cpu') != '${tf_pin#*==}')" 2>/dev/null; then
+    echo "install_deps: installing $tf_pin into .venv-tf"
+    "$tf_py" -m pip install -q "$tf_pin"
+  fi
+  "$tf_py" -m pip install -q --no-deps --no-build-isolation -e "$repo/shims/python"
+fi
 echo "install_deps: ok"

@@ -313,3 +313,52 @@ class Client:
         if self._h:
             self._lib.sparsync_close(self._h)
             self._h = None
+
+
+# ---------------------------------------------------------------------------------------------
+# A worker's settings from its environment (used by sparsync.tensorflow; sparsync.torch reads the
+# same variables in its init). The client library reads none of them.
+
+# The daemon fails a stalled collective after SPARSYNC_TIMEOUT_S and says why; a shim gives up on
+# its own only this much later, so that the daemon's message is the one users see.
+DAEMON_GRACE_S = 5.0
+
+
+class WorkerSettings:
+    """SPARSYNC_SOCKET, _JOB_TOKEN, _LOCAL_RANK, _CONNECT_TIMEOUT_S, _TIMEOUT_S, _CUDART and
+    _RANK of this process, checked: a malformed value raises SparsyncError naming it."""
+
+    def __init__(self, environ=None):
+        from sparsync._paths import default_socket_path
+
+        env = os.environ if environ is None else environ
+        self.socket_path = env.get("SPARSYNC_SOCKET") or default_socket_path()
+        self.job_token = env.get("SPARSYNC_JOB_TOKEN", "")
+        self.local_rank = _env_number(env, "SPARSYNC_LOCAL_RANK", 0, int, "an integer")
+        self.connect_timeout_s = _env_number(env, "SPARSYNC_CONNECT_TIMEOUT_S", 10.0, float,
+                                             "a number of seconds")
+        daemon_timeout_s = _env_number(env, "SPARSYNC_TIMEOUT_S", 300.0, float,
+                                       "a number of seconds")
+        self.wait_timeout_s = daemon_timeout_s + DAEMON_GRACE_S
+        self.timeout_hint = "SPARSYNC_TIMEOUT_S=%g plus %g s" % (daemon_timeout_s,
+                                                                  DAEMON_GRACE_S)
+        self.cuda_runtime = env.get("SPARSYNC_CUDART", "")
+        rank = env.get("SPARSYNC_RANK", "")
+        self.expected_rank = None if rank == "" else _env_number(env, "SPARSYNC_RANK", 0, int,
+                                                                 "an integer")
+
+    def check_rank(self, world):
+        """SparsyncError when the daemon's rank for this worker is not SPARSYNC_RANK."""
+        if self.expected_rank is not None and self.expected_rank != world["rank"]:
+            raise SparsyncError("sparsyncd at '%s' gave this worker rank %d, but SPARSYNC_RANK=%d"
+                                % (self.socket_path, world["rank"], self.expected_rank))
+
+
+def _env_number(env, name, default, kind, what):
+    value = env.get(name, "")
+    if value == "":
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise SparsyncError("%s=%r is not %s" % (name, value, what)) from None
