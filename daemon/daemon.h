@@ -9,6 +9,7 @@
 
 #include "daemon/common/config.h"
 #include "daemon/common/job_failure.h"
+#include "daemon/observe/observer.h"
 
 namespace sparsync {
 
@@ -34,6 +35,12 @@ namespace intake {
 class IntakeServer;
 class WorkerHandler;
 }
+namespace observe {
+class Timeline;
+class Metrics;
+class MetricsServer;
+class CountingTransport;
+}  // namespace observe
 
 class Daemon {
  public:
@@ -57,8 +64,18 @@ class Daemon {
   // Makes the parts Start may be blocked in give up (the link's calls, the coordinator's waits,
   // the transport) while Start runs. REQUIRES: parts_mu_ held.
   void CancelStartWaits();
+  // The timeline (always there, recording when SPARSYNC_TIMELINE or a worker asks) and, with
+  // SPARSYNC_METRICS_PORT, the metrics, which count the transport's bytes.
+  Status StartObservers();
+  Status ServeMetrics();
+  transport::Transport* transport() const;  // the counting transport when there is one
 
   Config config_;
+  observe::ObserverList observers_;
+  std::unique_ptr<observe::Timeline> timeline_;
+  std::unique_ptr<observe::Metrics> metrics_;
+  std::unique_ptr<observe::MetricsServer> metrics_server_;
+  std::unique_ptr<observe::CountingTransport> counting_;
   std::unique_ptr<negotiation::CoordinatorCore> core_;
   std::unique_ptr<negotiation::CoordinatorServer> server_;
   std::unique_ptr<negotiation::CoordinatorLink> remote_link_;

@@ -5,8 +5,9 @@
 # of the kernels' logic that runs everywhere), the daemon and kernel suites again under
 # AddressSanitizer and UBSan, the suites of the multi-threaded parts (executor stages, tensor
 # table, coordinator, NCCL transport, device layer) under ThreadSanitizer, the multi-process
-# pytest suite with real daemons, the libFuzzer targets for 20 s each, and three fault trials of
-# each kind (tests/faults; they need root for network namespaces).
+# pytest suite with real daemons (the TensorFlow shim's workers run in .venv-tf), the libFuzzer
+# targets for a fixed short time each, and three fault trials of each kind (tests/faults; they
+# need root for network namespaces).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -16,6 +17,12 @@ bash deploy/install_deps.sh
 echo "== build"
 cmake -S . -B build -G Ninja -DSPARSYNC_WERROR=ON
 cmake --build build
+
+# The TensorFlow op library must have been built (its tests skip when it is missing).
+if [[ ${SPARSYNC_SKIP_TENSORFLOW:-0} != 1 && ! -f build/shims/tensorflow/libsparsync_tensorflow.so ]]; then
+  echo "the TensorFlow op library was not built: see cmake's 'TensorFlow op library' line" >&2
+  exit 1
+fi
 
 echo "== GoogleTest (ctest)"
 ctest --test-dir build --output-on-failure -j2

@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include "daemon/common/config_settings.h"
@@ -51,6 +53,9 @@ std::string Config::Describe() const {
   o << " (plan after " << merge.warmup_steps << " steps)"
     << ", transport " << (transport == TransportKind::kNccl ? "nccl" : "gloo") << ", timeout "
     << timeout_s << "s";
+  if (!timeline.empty()) o << ", timeline " << timeline;
+  if (metrics_port != 0) o << ", metrics on port " << metrics_port;
+  if (from_slurm) o << " (node, coordinator and listen from Slurm where SPARSYNC_* is unset)";
   return o.str();
 }
 
@@ -61,7 +66,10 @@ std::map<std::string, std::string> SparsyncEnvironment() {
     auto eq = kv.find('=');
     if (eq == std::string::npos) continue;
     std::string key = kv.substr(0, eq);
-    if (key.rfind("SPARSYNC_", 0) == 0 || key == "XDG_RUNTIME_DIR") env[key] = kv.substr(eq + 1);
+    if (key.rfind("SPARSYNC_", 0) == 0 || key.rfind("SLURM_", 0) == 0 ||
+        key == "SLURMD_NODENAME" || key == "XDG_RUNTIME_DIR") {
+      env[key] = kv.substr(eq + 1);
+    }
   }
   return env;
 }
@@ -72,8 +80,31 @@ std::string DefaultSocketPath(const std::map<std::string, std::string>& env) {
   return "/tmp/sparsync-" + std::to_string(getuid()) + "/sparsyncd.sock";
 }
 
+namespace {
+
+// A daemon started by srun takes what SPARSYNC_* and the flags left unset from Slurm.
+Status ApplySlurm(const std::map<std::string, std::string>& env,
+                  const std::set<std::string>& set_explicitly, const HostnamesFn& hostnames,
+                  Config* c) {
+  SPARSYNC_ASSIGN_OR_RETURN(std::optional<SlurmStep> step, ReadSlurmStep(env));
+  if (!step) return Status::Ok();
+  auto unset = [&](const char* var) { return set_explicitly.count(var) == 0; };
+  if (unset("SPARSYNC_NODE_RANK")) c->node_rank = step->node_rank;
+  if (unset("SPARSYNC_NUM_NODES")) c->num_nodes = step->num_nodes;
+  if (unset("SPARSYNC_LISTEN") && !step->node_name.empty()) c->listen = step->node_name;
+  if (unset("SPARSYNC_COORDINATOR")) {
+    SPARSYNC_ASSIGN_OR_RETURN(std::string host, SlurmCoordinatorHost(*step, hostnames));
+    c->coordinator = host + ":" + std::to_string(step->coordinator_port);
+  }
+  c->from_slurm = true;
+  return Status::Ok();
+}
+
+}  // namespace
+
 ParsedConfig ParseConfig(int argc, const char* const* argv,
-                         const std::map<std::string, std::string>& env) {
+                         const std::map<std::string, std::string>& env,
+                         const HostnamesFn& hostnames) {
   ParsedConfig out;
   std::vector<Setting> settings = Settings();
   CLI::App app{
@@ -107,6 +138,7 @@ ParsedConfig ParseConfig(int argc, const char* const* argv,
     out.message = std::string("sparsyncd: ") + e.what() + "\nRun with --help for more information.";
     return out;
   }
+  std::set<std::string> set_explicitly;  // by a flag or a SPARSYNC_* variable
   for (size_t i = 0; i < settings.size(); ++i) {
     const Setting& s = settings[i];
     std::string value;
@@ -130,8 +162,15 @@ ParsedConfig ParseConfig(int argc, const char* const* argv,
       out.message = "sparsyncd: invalid configuration: " + st.message();
       return out;
     }
+    set_explicitly.insert(s.env);
   }
   Config& c = out.config;
+  if (Status st = ApplySlurm(env, set_explicitly, hostnames, &c); !st.ok()) {
+    out.exit = true;
+    out.exit_code = 2;
+    out.message = "sparsyncd: invalid configuration: " + st.message();
+    return out;
+  }
   if (c.socket_path.empty()) c.socket_path = DefaultSocketPath(env);
   const int tls_files = !c.tls.cert.empty() + !c.tls.key.empty() + !c.tls.ca.empty();
   if (tls_files != 0 && tls_files != 3) {

@@ -337,7 +337,7 @@ std::vector<Setting> Settings() {
         return Reject(st, v, "accepted values: auto, cpu");
       });
   add("cudart", "SPARSYNC_CUDART", "",
-      "the CUDA runtime library the CUDA IPC intake loads when a worker registers a CUDA tensor "
+      "the CUDA runtime library the daemon loads for CUDA tensors and the NCCL transport "
       "(empty: libcudart.so.13, .so.12 or .so, preferring one already loaded)",
       [](const Setting&, const std::string& v, Config* c) {
         c->cudart = v;
@@ -352,8 +352,8 @@ std::vector<Setting> Settings() {
         return Status::Ok();
       });
   add("libnccl", "SPARSYNC_LIBNCCL", "",
-      "the NCCL library the local reduce across GPUs loads (empty: libnccl.so.2; a file named "
-      "here must load, or the daemon does not start)",
+      "the NCCL library the NCCL transport and the local reduce across GPUs load (empty: "
+      "libnccl.so.2; a file named here must load, or the daemon does not start)",
       [](const Setting&, const std::string& v, Config* c) {
         c->libnccl = v;
         return Status::Ok();
@@ -390,6 +390,26 @@ std::vector<Setting> Settings() {
         auto n = ParseNumber(v);
         if (!n.ok() || *n < 0 || *n > 1000) return Reject(st, v, "expected 0 .. 1000");
         c->cycle_ms = *n;
+        return Status::Ok();
+      });
+  add("timeline", "SPARSYNC_TIMELINE", "",
+      "write a Chrome trace (Perfetto, chrome://tracing) of every tensor and merge group to this "
+      "file; {node} in it stands for the node's rank (without it only node 0 writes one); "
+      "empty: none",
+      [](const Setting&, const std::string& v, Config* c) {
+        c->timeline = v;
+        return Status::Ok();
+      });
+  add("metrics-port", "SPARSYNC_METRICS_PORT", "0",
+      "serve Prometheus metrics on http://ADDRESS:PORT/metrics (0: not served)",
+      [](const Setting& st, const std::string& v, Config* c) {
+        return SetInt(st, v, 0, 65535, &c->metrics_port);
+      });
+  add("metrics-address", "SPARSYNC_METRICS_ADDRESS", "",
+      "the address the metrics are served on (0.0.0.0: every interface; empty: the listen "
+      "address)",
+      [](const Setting&, const std::string& v, Config* c) {
+        c->metrics_address = v;
         return Status::Ok();
       });
   add("log-level", "SPARSYNC_LOG_LEVEL", "info", "trace, debug, info, warn, error or off",

@@ -194,7 +194,7 @@ void IntakeServer::Accept() {
       if (err == ECONNABORTED) continue;
       if ((err == EMFILE || err == ENFILE) && RefuseForLackOfDescriptors()) continue;
       uint64_t held = 0;
-      if (accept_log_.Allow(Clock::now(), &held)) {
+      if (accept_log_.Allow(&held)) {
         spdlog::warn("accept on {}: {}; not accepting for {} s{}", socket_path_,
                      std::strerror(err), kAcceptPause.count(), HeldBack(held));
       }
@@ -228,7 +228,7 @@ bool IntakeServer::RefuseForLackOfDescriptors() {
     (void)!recv(fd, drain, sizeof(drain), MSG_DONTWAIT);
     close(fd);
     uint64_t held = 0;
-    if (accept_log_.Allow(Clock::now(), &held)) {
+    if (accept_log_.Allow(&held)) {
       spdlog::warn("refused a connection: {}{}", why, HeldBack(held));
     }
   }
@@ -261,6 +261,12 @@ void IntakeServer::CloseStalled() {
   }
 }
 
+void IntakeHandler::OnTimeline(const std::shared_ptr<WorkerSession>&,
+                               const sparsync_timeline_msg&, sparsync_timeline_reply* reply) {
+  reply->status = SPARSYNC_ERR_UNAVAILABLE;
+  CopyMessage(reply->message, "this daemon records no timeline");
+}
+
 void IntakeServer::Close(int fd, const Status& reason) {
   auto it = sessions_.find(fd);
   if (it == sessions_.end()) return;
@@ -273,10 +279,15 @@ void IntakeServer::Close(int fd, const Status& reason) {
   session->Shutdown();
   if (!why.ok() && session->greeted) {
     spdlog::warn("closing the connection of {}: {}", session->Describe(node_rank_), why.message());
+  } else if (!why.ok() && why.code() == StatusCode::kUnavailable) {
+    // Connected and left (or stayed silent) before saying anything: another daemon probing the
+    // socket at start-up, or a stray program.
+    spdlog::debug("a connection closed before its handshake: {}", why.message());
   } else if (!why.ok()) {
+    // Refused before the handshake (a wrong token, another program): can repeat without bound.
     uint64_t held = 0;
-    if (refused_log_.Allow(Clock::now(), &held)) {
-      spdlog::info("closing a connection before its handshake: {}{}", why.message(),
+    if (refused_log_.Allow(&held)) {
+      spdlog::warn("refused a connection before its handshake: {}{}", why.message(),
                    HeldBack(held));
     }
   }
@@ -399,6 +410,14 @@ void IntakeServer::HandleMessage(int fd, const std::shared_ptr<WorkerSession>& s
   if (auto* unreg = std::get_if<sparsync_unregister_msg>(&m)) {
     Status st = handler_->OnUnregister(session, *unreg);
     if (!st.ok()) Close(fd, st.WithContext("protocol violation"));
+    return;
+  }
+  if (auto* timeline = std::get_if<sparsync_timeline_msg>(&m)) {
+    sparsync_timeline_reply reply{};
+    FillHeader(&reply.header, SPARSYNC_MSG_TIMELINE_REPLY, sizeof(reply));
+    handler_->OnTimeline(session, *timeline, &reply);
+    Status sent = session->Send(&reply, sizeof(reply));
+    if (!sent.ok()) Close(fd, sent);
     return;
   }
   if (std::holds_alternative<sparsync_goodbye>(m)) {

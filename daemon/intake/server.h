@@ -19,8 +19,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "daemon/common/logging.h"
 #include "daemon/intake/codec.h"
-#include "daemon/intake/log_limit.h"
 #include "daemon/intake/session.h"
 #include "daemon/intake/shared_region.h"
 
@@ -41,6 +41,10 @@ class IntakeHandler {
   virtual Status OnReady(const std::shared_ptr<WorkerSession>& session, const sparsync_ready& msg) = 0;
   virtual Status OnUnregister(const std::shared_ptr<WorkerSession>& session,
                               const sparsync_unregister_msg& msg) = 0;
+  // Fills `reply`'s status and message: the timeline started or stopped, or why not. By default
+  // it is refused (a handler without a timeline).
+  virtual void OnTimeline(const std::shared_ptr<WorkerSession>& session,
+                          const sparsync_timeline_msg& msg, sparsync_timeline_reply* reply);
   // The connection is gone: `reason` is OK after GOODBYE, else why it closed.
   virtual void OnDisconnect(const std::shared_ptr<WorkerSession>& session, const Status& reason) = 0;
 };
@@ -88,10 +92,10 @@ class IntakeServer {
   int spare_fd_ = -1;  // held back for answering connections at the open-file limit
   bool wrote_token_ = false;
   std::optional<std::chrono::steady_clock::time_point> paused_until_;  // accepting paused
-  LogLimit refused_log_{5, std::chrono::seconds(10)};  // connections refused before HELLO
-  LogLimit accept_log_{3, std::chrono::seconds(10)};   // accept failures
   std::atomic<bool> stopping_{false};
   std::unordered_map<int, std::shared_ptr<WorkerSession>> sessions_;
+  LogLimiter refused_log_;  // connections refused before their handshake
+  LogLimiter accept_log_;   // accept failures and connections refused for lack of descriptors
   std::thread thread_;
 };
 

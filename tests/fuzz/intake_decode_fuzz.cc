@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "daemon/intake/codec.h"
@@ -53,6 +54,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Require(claim.type == SPARSYNC_MSG_REGISTER && claim.tensor_id == reg->tensor_id);
   } else if (auto* ready = std::get_if<sparsync_ready>(&m)) {
     Require(ready->round >= 1);
+  } else if (auto* timeline = std::get_if<sparsync_timeline_msg>(&m)) {
+    // A start names a file of exactly path_len bytes, no NUL inside; a stop names none.
+    const std::string path = sparsync::intake::TimelinePath(*timeline);
+    Require(timeline->start == 0 ? path.empty() : path.size() == timeline->path_len);
+    Require(path.find('\0') == std::string::npos);
   }
   return 0;
 }

@@ -75,6 +75,15 @@ void IntakeSeeds(const std::filesystem::path& dir) {
   FillHeader(&bye.header, SPARSYNC_MSG_GOODBYE, sizeof(bye));
   Save(dir, "goodbye", Datagram(bye));
   Save(dir, "hello_with_fd", Datagram(hello, 1));
+  sparsync_timeline_msg timeline{};
+  FillHeader(&timeline.header, SPARSYNC_MSG_TIMELINE, sizeof(timeline));
+  timeline.start = 1;
+  timeline.path_len = 15;
+  std::memcpy(timeline.path, "/tmp/trace.json", 15);
+  Save(dir, "timeline_start", Datagram(timeline));
+  sparsync_timeline_msg stop{};
+  FillHeader(&stop.header, SPARSYNC_MSG_TIMELINE, sizeof(stop));
+  Save(dir, "timeline_stop", Datagram(stop));
 }
 
 void PayloadSeeds(const std::filesystem::path& dir) {

@@ -1,0 +1,136 @@
+"""sparsync.tensorflow's connection and world: init, shutdown, rank, size, ... and the
+capability checks Horovod has."""
+
+import atexit
+import threading
+
+from sparsync import _client as C
+from sparsync import _wire as W
+from sparsync._errors import SparsyncError
+from sparsync.tensorflow import _ops
+
+
+Average = W.REDUCE_AVERAGE
+Sum = W.REDUCE_SUM
+Adasum = 2  # accepted by name for compatibility; not supported
+
+
+class _State:
+    """The process's connection, from init() to shutdown(); `lock` guards both fields."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.world = None
+        self.atexit_registered = False
+
+
+_state = _State()
+
+
+def init(comm=None, process_sets=None):
+    """Connects this process's sparsync ops to its node's sparsyncd (SPARSYNC_SOCKET).
+    Idempotent. Every SPARSYNC_* setting of a worker is read here; the op library reads none."""
+    if comm is not None or process_sets is not None:
+        raise SparsyncError("init: comm and process_sets are not supported by sparsync")
+    with _state.lock:
+        if _state.world is not None:
+            return
+        settings = C.WorkerSettings()
+        lib = _ops.library()
+        world = lib.connect(settings)
+        try:
+            settings.check_rank(world)
+        except SparsyncError:
+            lib.shutdown()
+            raise
+        _state.world = world
+        if not _state.atexit_registered:
+            atexit.register(shutdown)
+            _state.atexit_registered = True
+
+
+def shutdown():
+    """Fails what is still in flight, releases every shared region and says goodbye."""
+    with _state.lock:
+        if _state.world is None:
+            return
+        _state.world = None
+        _ops.library().shutdown()
+
+
+def is_initialized():
+    return _state.world is not None
+
+
+def _world(key):
+    w = _state.world
+    if w is None:
+        raise ValueError("sparsync has not been initialized; use hvd.init().")
+    return w[key]
+
+
+def rank():
+    return _world("rank")
+
+
+def size():
+    return _world("size")
+
+
+def local_rank():
+    return _world("local_rank")
+
+
+def local_size():
+    return _world("local_size")
+
+
+def cross_rank():
+    return _world("node_rank")
+
+
+def cross_size():
+    return _world("num_nodes")
+
+
+# Capabilities, as Horovod reports them. The daemons exchange with Gloo (NCCL only between GPUs
+# inside sparsyncd, not in this shim); this op library has CPU kernels only.
+def mpi_threads_supported():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def gloo_built():
+    return True
+
+
+def gloo_enabled():
+    return True
+
+
+def nccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
