@@ -442,8 +442,9 @@ std::string Config::Describe() const {
     if (merge.planners[i] == "fixed") o << ":" << merge.bucket_bytes << "B";
   }
   o << " (plan after " << merge.warmup_steps << " steps"
-    << (compressor == Compressor::kNone ? "" : merge.compress_always ? ", always compressed"
-                                                                      : ", dense where faster")
+    << (compressor == Compressor::kNone ? ""
+        : merge.compress_always         ? ", always compressed"
+                                        : ", dense where faster")
     << ")"
     << ", transport " << (transport == TransportKind::kNccl ? "nccl" : "gloo") << ", timeout "
     << timeout_s << "s";

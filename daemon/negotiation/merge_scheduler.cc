@@ -141,7 +141,9 @@ void MergeScheduler::MaybePlan() {
 
 double MergeScheduler::MeasuredSpan() const {
   double span = 0;
-  for (const StepSample& s : samples_) span += SampleSpan(s.node_ready, num_nodes_) / samples_.size();
+  for (const StepSample& s : samples_) {
+    span += SampleSpan(s.node_ready, num_nodes_) / samples_.size();
+  }
   return span;
 }
 
@@ -182,8 +184,7 @@ bool MergeScheduler::CostsDrifted(std::string* why) const {
   double now = planning::Simulate(in, plan_starts_, plan_dense_).iteration_s;
   double moved = std::abs(now - reference_s_);
   if (moved <= options_.replan_drift * reference_s_ || moved <= 1e-3) return false;
-  *why = "measured costs moved this plan's prediction from " + Ms(reference_s_) + " to " +
-         Ms(now);
+  *why = "measured costs moved this plan's prediction from " + Ms(reference_s_) + " to " + Ms(now);
   return true;
 }
 

@@ -1,9 +1,9 @@
-// MergeScheduler: the coordinator's side of planning (docs/planning.md; docs/algorithms.md §5.2, §5.4). It sees
-// every gradient tensor when it becomes ready on all nodes, cuts the stream into training steps,
-// measures each layer's backward time from the nodes' ready timestamps, and once it has watched
-// `warmup_steps` steps with the same tensors it asks a planner (planning/planner.h) for merge
-// groups. The plan takes effect at the next step: from then on a group is released the moment its
-// last tensor is ready on every node (wait-free backpropagation: the exchange of early layers
+// MergeScheduler: the coordinator's side of planning (docs/planning.md; docs/algorithms.md §5.2,
+// §5.4). It sees every gradient tensor when it becomes ready on all nodes, cuts the stream into
+// training steps, measures each layer's backward time from the nodes' ready timestamps, and once it
+// has watched `warmup_steps` steps with the same tensors it asks a planner (planning/planner.h) for
+// merge groups. The plan takes effect at the next step: from then on a group is released the moment
+// its last tensor is ready on every node (wait-free backpropagation: the exchange of early layers
 // overlaps the backward of later ones). Until then, and whenever the plan stops fitting the job,
 // the tensors go back to the coordinator's batching with fixed buckets (the safe plan).
 //
@@ -167,7 +167,7 @@ class MergeScheduler {
   planning::PlanInput plan_input_;  // what the plan was made from
   std::vector<size_t> plan_starts_;
   std::vector<bool> plan_dense_;
-  double reference_s_ = 0;         // the plan's prediction under plan_input_
+  double reference_s_ = 0;  // the plan's prediction under plan_input_
   uint64_t plans_held_ = 0;
   Clock::duration group_wait_{};   // how long a partially ready group may wait
   uint64_t steps_under_plan_ = 0;

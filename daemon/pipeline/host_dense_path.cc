@@ -45,8 +45,8 @@ class HostDensePath final : public ReducePath {
       }
     }
     for (size_t i : f.own) {
-      SPARSYNC_RETURN_IF_ERROR(FlushResidual(
-          group, i, static_cast<float*>(group.members[i].parts[0].region->data())));
+      SPARSYNC_RETURN_IF_ERROR(
+          FlushResidual(group, i, static_cast<float*>(group.members[i].parts[0].region->data())));
     }
     if (f.packed.empty()) return Status::Ok();
     const DType dtype = group.members.front().meta.dtype;
@@ -61,8 +61,8 @@ class HostDensePath final : public ReducePath {
       for (size_t r = 0; r < m.num_inputs(); ++r) inputs.push_back(m.parts[r].region->data());
       SumInto(f.buffer.data() + offset * acc_size, inputs, group.slices[i].count, dtype);
       if (group.residuals) {  // float32: the only dtype that is compressed
-        SPARSYNC_RETURN_IF_ERROR(FlushResidual(
-            group, i, reinterpret_cast<float*>(f.buffer.data() + offset * acc_size)));
+        SPARSYNC_RETURN_IF_ERROR(
+            FlushResidual(group, i, reinterpret_cast<float*>(f.buffer.data() + offset * acc_size)));
       }
     }
     return Status::Ok();

@@ -57,9 +57,9 @@ struct CostModel {
 };
 
 // Costs to plan with before anything is measured (SPARSYNC_CALIBRATE=0): the 1 Gb/s Ethernet fits
-// of the OMGS paper for the sparse allgather (docs/algorithms.md §2, nearest P of 2, 4, 8, 16), a ring
-// allreduce at 1 Gb/s for dense jobs (and for a sparse job's dense groups), and this project's CPU
-// top-k speed for the selection.
+// of the OMGS paper for the sparse allgather (docs/algorithms.md §2, nearest P of 2, 4, 8, 16), a
+// ring allreduce at 1 Gb/s for dense jobs (and for a sparse job's dense groups), and this project's
+// CPU top-k speed for the selection.
 CostModel EstimatedCostModel(int num_nodes, double density, bool dense);
 
 // One layer (one gradient tensor) as the planner sees it.

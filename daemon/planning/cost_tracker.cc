@@ -37,7 +37,8 @@ double CostTracker::RelativeError() const {
   std::vector<double> deviations;
   for (const Sample& s : samples_) {
     const double predicted = model.sparsify.At(s.elements) + model.exchange.At(s.elements);
-    if (predicted > 0) deviations.push_back(std::abs((s.sparsify_s + s.exchange_s) / predicted - 1));
+    if (predicted <= 0) continue;
+    deviations.push_back(std::abs((s.sparsify_s + s.exchange_s) / predicted - 1));
   }
   return deviations.empty() ? 0.0 : Median(std::move(deviations));
 }

@@ -50,8 +50,7 @@ class Stepper {
     GroupTimes t;
     double start = in_.sparsify_blocks_backward ? r.compute + Backward(begin, end)
                                                 : std::max(ready_[end], r.compute);
-    t.sparsify_end =
-        start + (dense ? in_.cost.DensePrepareTime(x) : in_.cost.SparsifyTime(x));
+    t.sparsify_end = start + (dense ? in_.cost.DensePrepareTime(x) : in_.cost.SparsifyTime(x));
     t.exchange_start = std::max(t.sparsify_end, r.network);
     t.exchange_end =
         t.exchange_start + (dense ? in_.cost.DenseExchangeTime(x) : in_.cost.ExchangeTime(x));

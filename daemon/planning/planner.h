@@ -1,5 +1,6 @@
-// Merge planners (docs/algorithms.md §3-4): split the gradient tensors of one step, in the order backward
-// produces them, into contiguous merge groups, and predict the iteration time of the result.
+// Merge planners (docs/algorithms.md §3-4): split the gradient tensors of one step, in the order
+// backward produces them, into contiguous merge groups, and predict the iteration time of the
+// result.
 //
 //   omgs       the greedy rule of OMGS-SGD (Shi et al., "Communication-Efficient Distributed Deep
 //              Learning with Merged Gradient Sparsification on GPUs", IEEE INFOCOM 2020): walk
