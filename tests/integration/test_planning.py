@@ -28,7 +28,9 @@ def test_replanning_mid_run_keeps_every_node_identical(job_factory):
     job = job_factory(4, 1, {"SPARSYNC_COMPRESSOR": "topk", "SPARSYNC_DENSITY": "0.05",
                              "SPARSYNC_MIN_COMPRESS_BYTES": "0",
                              "SPARSYNC_MERGE": "layerwise,single,omgs,optimal",
-                             "SPARSYNC_PLAN_WARMUP_STEPS": "1", "SPARSYNC_REPLAN_STEPS": "3"})
+                             "SPARSYNC_PLAN_WARMUP_STEPS": "1", "SPARSYNC_REPLAN_STEPS": "3",
+                             # each node's "following" line is at debug (node 0 logs plans at info)
+                             "SPARSYNC_LOG_LEVEL": "debug"})
     rcs = job.run_workers("train_sparse.py", timeout_s=150)
     assert rcs == [0] * 4, "workers failed: %s\n%s" % (rcs, job.logs())
     _identical_and_learning(job, 4)
@@ -61,7 +63,7 @@ def test_a_job_with_defaults_logs_only_plan_changes(job_factory):
     # 30 steps on 4 nodes of a loaded machine: backward times wander by more than
     # SPARSYNC_REPLAN_DRIFT from step to step. A plan is announced (and logged, and followed)
     # only when it differs from the one in force and gains more than the model's error.
-    job = job_factory(4, 1, {})
+    job = job_factory(4, 1, {"SPARSYNC_LOG_LEVEL": "debug"})  # for each node's "following" line
     rcs = job.run_workers("train_sparse.py", timeout_s=150)
     assert rcs == [0] * 4, "workers failed: %s\n%s" % (rcs, job.logs())
     log = _full_logs(job)
