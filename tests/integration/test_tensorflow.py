@@ -2,6 +2,7 @@
 gradients of the ops. Workers run in the TensorFlow environment (.venv-tf, made by
 deploy/install_deps.sh); the tests skip when it or the op library is missing."""
 
+import json
 import os
 import subprocess
 import sys
@@ -137,4 +138,18 @@ def test_tensorflow_collectives(job_factory, nodes, local_size):
         np.testing.assert_allclose(results[r]["grad.allgather"], np.full((r + 1, 2), weights))
         np.testing.assert_allclose(results[r]["grad.broadcast"],
                                    np.full(3, weights if r == root else 0.0))
+    job.assert_clean_after_stop(job.stop())
+
+
+@requires_tf
+def test_a_gradient_is_reduced_while_backward_goes_on(job_factory):
+    """In a tf.function, each gradient's reduction is posted as soon as that gradient exists:
+    a's reduced gradient is there about 1 s before b's, whose backward sleeps 1 s. (Each tensor
+    in a merge group of its own: fused, a's result would wait for b.)"""
+    job = job_factory(2, 1, {"SPARSYNC_MERGE": "layerwise", "SPARSYNC_PLAN_WARMUP_STEPS": "1"})
+    rcs = run_tf_workers(job, "tf_overlap.py")
+    assert rcs == [0, 0], "workers failed: %s\n%s" % (rcs, job.logs())
+    for r in range(2):
+        stamps = json.loads((job.outdir / ("rank%d.json" % r)).read_text())
+        assert stamps["b"] - stamps["a"] > 0.7, (r, stamps)
     job.assert_clean_after_stop(job.stop())
