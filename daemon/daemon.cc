@@ -13,6 +13,10 @@
 #include "daemon/negotiation/grpc_link.h"
 #include "daemon/negotiation/grpc_service.h"
 #include "daemon/negotiation/node_agent.h"
+#include "daemon/observe/counting_transport.h"
+#include "daemon/observe/metrics.h"
+#include "daemon/observe/metrics_server.h"
+#include "daemon/observe/timeline.h"
 #include "daemon/pipeline/calibration.h"
 #include "daemon/pipeline/executor.h"
 #include "daemon/pipeline/host_paths.h"
@@ -50,8 +54,46 @@ Daemon::Daemon(Config config) : config_(std::move(config)) {}
 
 Daemon::~Daemon() { Stop(); }
 
+transport::Transport* Daemon::transport() const {
+  return counting_ ? counting_.get() : transport_.get();
+}
+
+Status Daemon::StartObservers() {
+  timeline_ = std::make_unique<observe::Timeline>(config_.node_rank, config_.num_nodes);
+  observers_.Add(timeline_.get());
+  if (!config_.timeline.empty()) SPARSYNC_RETURN_IF_ERROR(timeline_->Start(config_.timeline));
+  if (config_.metrics_port != 0) {
+    // Made now so that the planner's first news reach them; their sources and the HTTP server
+    // come once the parts they read exist (ServeMetrics).
+    metrics_ = std::make_unique<observe::Metrics>(config_.node_rank, config_.num_nodes);
+    observers_.Add(metrics_.get());
+  }
+  // Every failure but this daemon's own shutdown is an incident.
+  failure_.Observe([this](const Status& e, JobFailure::Source s) {
+    if (s != JobFailure::Source::kShutdown) {
+      observers_.OnIncident(observe::Incident::kFailure, e.message());
+    }
+  });
+  return Status::Ok();
+}
+
+Status Daemon::ServeMetrics() {
+  if (config_.metrics_port == 0) return Status::Ok();
+  observe::Metrics::Sources sources;
+  intake::WorkerHandler* handler = handler_.get();
+  sources.connected_workers = [handler] { return handler->connected_workers(); };
+  pipeline::SparseReducers* sparse = sparse_.get();
+  sources.residual_norm = [sparse] { return sparse->state().HostResidualNorm(); };
+  metrics_->SetSources(std::move(sources));
+  metrics_server_ = std::make_unique<observe::MetricsServer>(metrics_.get());
+  const std::string address =
+      config_.metrics_address.empty() ? config_.listen : config_.metrics_address;
+  return metrics_server_->Start(address, config_.metrics_port);
+}
+
 Status Daemon::Start() {
   spdlog::info("starting: {}", config_.Describe());
+  SPARSYNC_RETURN_IF_ERROR(StartObservers());
   if (config_.node_rank == 0) {
     negotiation::CoordinatorOptions options;
     options.num_nodes = config_.num_nodes;
@@ -70,6 +112,7 @@ Status Daemon::Start() {
                                                            config_.job_token);
     core_->SetCostModel(planning::EstimatedCostModel(
         config_.num_nodes, config_.density, config_.compressor == Compressor::kNone));
+    core_->SetObserver(&observers_);
     core_->Start();
     if (config_.num_nodes > 1) {
       server_ = std::make_unique<negotiation::CoordinatorServer>(core_.get());
@@ -90,8 +133,10 @@ Status Daemon::Start() {
 
   store_ = std::make_unique<LinkStore>(link_);
   if (config_.transport == TransportKind::kNccl) {
-    auto transport = transport::CreateNcclTransport(config_.node_rank, config_.num_nodes,
-                                                    store_.get(), config_.timeout(), /*device=*/0);
+    // The CUDA runtime and NCCL that the device intake and the local reduce load, too.
+    auto transport = transport::CreateNcclTransport(
+        config_.node_rank, config_.num_nodes, store_.get(), config_.timeout(), /*device=*/0,
+        transport::NcclLibraries{config_.cudart, config_.libnccl});
     if (!transport.ok()) return transport.status();
     transport_ = std::move(*transport);
     spdlog::info("NCCL communicator ready");
@@ -102,20 +147,25 @@ Status Daemon::Start() {
     transport_ = std::move(*transport);
     spdlog::info("Gloo mesh connected");
   }
+  if (metrics_) {
+    counting_ = std::make_unique<observe::CountingTransport>(transport_.get());
+    metrics_->CountBytesOf(counting_.get());
+  }
 
   pipeline::World world{config_.node_rank, config_.num_nodes, config_.local_size};
   if (config_.merge.calibrate) {
     // Every node takes part; node 0's fit is broadcast, and its coordinator plans with it.
     pipeline::CalibrationOptions calibration;
     calibration.budget_s = 2.0;
-    auto cost = pipeline::CalibrateCostModel(config_, world, transport_.get(), calibration);
+    auto cost = pipeline::CalibrateCostModel(config_, world, transport(), calibration);
     if (!cost.ok()) return cost.status();
     spdlog::info("measured cost model: {}", cost->ToString());
+    observers_.OnIncident(observe::Incident::kCalibration, cost->ToString());
     if (core_) core_->SetCostModel(*cost);
   }
   // The reduce paths, device first: a group takes the first that takes it (reduce_path.h).
   sparse_ = std::make_unique<pipeline::SparseReducers>(config_, config_.node_rank,
-                                                       config_.num_nodes, transport_.get());
+                                                       config_.num_nodes, transport());
   if (config_.compressor != Compressor::kNone) {
     // Fail at start, not at the first gradient, if the compressor cannot be built.
     auto probe = sparse_->For(std::nullopt, 0);
@@ -128,9 +178,9 @@ Status Daemon::Start() {
     auto plugin = std::make_shared<device::SparsifyPlugin>(config_.sparsify_library);
     SPARSYNC_RETURN_IF_ERROR(plugin->LoadExplicit());
     paths.push_back(std::make_unique<device::DeviceTopKPath>(config_, plugin, &sparse_->state()));
-    paths.push_back(device::MakeDeviceDensePath(config_, plugin, transport_.get()));
+    paths.push_back(device::MakeDeviceDensePath(config_, plugin, transport()));
   }
-  for (auto& path : pipeline::HostPaths(world, transport_.get())) paths.push_back(std::move(path));
+  for (auto& path : pipeline::HostPaths(world, transport())) paths.push_back(std::move(path));
   // A CUDA tensor's node sum stays on its GPU when a path wants tensors like it there.
   std::vector<const pipeline::ReducePath*> all_paths;
   for (const auto& path : paths) all_paths.push_back(path.get());
@@ -146,15 +196,21 @@ Status Daemon::Start() {
   table_ = std::make_unique<pipeline::TensorTable>(world, &failure_);
   agent_ = std::make_unique<negotiation::NodeAgent>(link_, config_.node_rank,
                                                     /*direct=*/core_ != nullptr, &failure_,
-                                                    LivenessWindow(config_));
+                                                    LivenessWindow(config_), &observers_);
   handler_ = std::make_unique<intake::WorkerHandler>(
       world, config_.job_token, &failure_, table_.get(), device_.get(),
       [this](negotiation::ReadyTensor t) { agent_->Report(std::move(t)); });
   // The handler answers every pending collective, then the agent tells the coordinator.
   failure_.Observe([this](const Status& e, JobFailure::Source s) { handler_->OnFailure(e, s); });
   failure_.Observe([this](const Status& e, JobFailure::Source s) { agent_->OnFailure(e, s); });
+  handler_->SetTimelineControl([this](const std::string& path) {
+    if (!path.empty()) return timeline_->Start(path);
+    timeline_->Stop();
+    return Status::Ok();
+  });
 
   pipeline::ExecutorOptions executor_options;
+  executor_options.observer = &observers_;
   if (core_ && config_.merge.calibrate) {
     // Node 0's own group costs keep the planner's model current while the job trains.
     negotiation::CoordinatorCore* core = core_.get();
@@ -163,14 +219,15 @@ Status Daemon::Start() {
     };
   }
   executor_ = std::make_unique<pipeline::Executor>(
-      world, table_.get(), transport_.get(),
+      world, table_.get(), transport(),
       [this](std::chrono::milliseconds wait) { return agent_->Next(wait); }, &failure_,
       sparse_.get(), std::move(paths), std::move(executor_options));
   agent_->Start();
   executor_->Start();
   intake_ = std::make_unique<intake::IntakeServer>(config_.socket_path, config_.node_rank,
                                                    handler_.get(), config_.timeout());
-  return intake_->Start();
+  SPARSYNC_RETURN_IF_ERROR(intake_->Start());
+  return ServeMetrics();
 }
 
 void Daemon::Stop() {
@@ -187,6 +244,8 @@ void Daemon::Stop() {
   if (agent_) agent_->Stop();
   if (server_) server_->Stop();
   if (core_) core_->Stop();
+  if (metrics_server_) metrics_server_->Stop();
+  if (timeline_) timeline_->Stop();  // after the executor: its last groups are in the file
   spdlog::info("stopped");
 }
 

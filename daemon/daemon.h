@@ -6,6 +6,7 @@
 
 #include "daemon/common/config.h"
 #include "daemon/common/job_failure.h"
+#include "daemon/observe/observer.h"
 
 namespace sparsync {
 
@@ -31,6 +32,12 @@ namespace intake {
 class IntakeServer;
 class WorkerHandler;
 }
+namespace observe {
+class Timeline;
+class Metrics;
+class MetricsServer;
+class CountingTransport;
+}  // namespace observe
 
 class Daemon {
  public:
@@ -43,7 +50,18 @@ class Daemon {
   void Stop();
 
  private:
+  // The timeline (always there, recording when SPARSYNC_TIMELINE or a worker asks) and, with
+  // SPARSYNC_METRICS_PORT, the metrics, which count the transport's bytes.
+  Status StartObservers();
+  Status ServeMetrics();
+  transport::Transport* transport() const;  // the counting transport when there is one
+
   Config config_;
+  observe::ObserverList observers_;
+  std::unique_ptr<observe::Timeline> timeline_;
+  std::unique_ptr<observe::Metrics> metrics_;
+  std::unique_ptr<observe::MetricsServer> metrics_server_;
+  std::unique_ptr<observe::CountingTransport> counting_;
   std::unique_ptr<negotiation::CoordinatorCore> core_;
   std::unique_ptr<negotiation::CoordinatorServer> server_;
   std::unique_ptr<negotiation::CoordinatorLink> remote_link_;

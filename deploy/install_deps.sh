@@ -1,21 +1,44 @@
 #!/usr/bin/env bash
 # Installs everything sparsync needs to build, test and run its demo on Debian 12, as root.
 # Idempotent: a second run only checks. Creates the Python environment in <repo>/.venv
-# (Debian's python3 with its system packages, so Debian's python3-torch is visible) and the
-# TensorFlow one in <repo>/.venv-tf (from PyPI, pinned).
+# (Debian's python3 with its system packages, so Debian's python3-torch is visible) and,
+# in the development set, the TensorFlow one in <repo>/.venv-tf (from PyPI, pinned).
+#
+#   deploy/install_deps.sh            the development set: compilers, libraries, the test tools
+#                                     (OpenSSH, Slurm, munge, Prometheus, the validators)
+#   deploy/install_deps.sh --runtime  only what running sparsyncd and the Python package needs
+#                                     (the runtime stage of deploy/docker/Dockerfile)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
+mode=dev
+case "${1:-}" in
+  "") ;;
+  --runtime) mode=runtime ;;
+  *) echo "usage: $0 [--runtime]" >&2; exit 2 ;;
+esac
 
-packages=(
+dev_packages=(
   build-essential cmake ninja-build pkg-config git iproute2
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev pybind11-dev
+  libgloo-dev libspdlog-dev libcli11-dev nlohmann-json3-dev pybind11-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv python3-pip python3-numpy python3-pytest python3-torch python3-torchvision
   python3-matplotlib
   dataset-fashion-mnist
+  # The operations tests (tests/integration/test_hosts.py, test_slurm.py, test_observe.py,
+  # test_deploy.py): sshd in network namespaces, a Slurm cluster with munge, Prometheus, and
+  # systemd-analyze for the units.
+  openssh-server openssh-client slurm-wlm munge prometheus systemd
 )
+# What sparsyncd and libsparsync_client.so link (their own dependencies come along), and Python.
+runtime_packages=(
+  libgrpc++1.51 libprotobuf32 libgloo0 libspdlog1.10 libfmt9 libcpp-httplib0.11
+  python3 python3-venv python3-numpy python3-torch
+)
+# The offline validators of test_deploy.py, from PyPI into the venv.
+dev_pip=(kubernetes-validate dockerfile)
 
+if [[ $mode == runtime ]]; then packages=("${runtime_packages[@]}"); else packages=("${dev_packages[@]}"); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -25,14 +48,29 @@ if ((${#missing[@]})); then
     echo "install_deps: missing Debian packages (${missing[*]}); run this script as root" >&2
     exit 1
   fi
+  # The services these packages bring (sshd, slurmctld, slurmd, munged, prometheus) must not
+  # start on installation: the tests start their own, in network namespaces.
+  guard=""
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    guard=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' > "$guard"
+    chmod 755 "$guard"
+  fi
   echo "install_deps: installing ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  if [[ -n $guard ]]; then rm -f "$guard"; fi
 fi
 
 # The project's Python environment: Debian's interpreter on purpose (it sees python3-torch).
 if [[ ! -x "$repo/.venv/bin/python" ]]; then
   /usr/bin/python3 -m venv --system-site-packages "$repo/.venv"
+fi
+if [[ $mode == dev ]]; then
+  for p in "${dev_pip[@]}"; do
+    "$repo/.venv/bin/python" -m pip show -q "$p" >/dev/null 2>&1 ||
+      "$repo/.venv/bin/python" -m pip install -q "$p"
+  done
 fi
 "$repo/.venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$repo/shims/python"
 
@@ -42,7 +80,7 @@ fi
 # shadow Debian's numpy 1.24 that Debian's torch 1.13 in .venv is built against; so it is
 # Debian's python3 without the system packages. SPARSYNC_SKIP_TENSORFLOW=1 skips it.
 tf_pin="tensorflow-cpu==2.21.0"
-if [[ ${SPARSYNC_SKIP_TENSORFLOW:-0} != 1 ]]; then
+if [[ $mode == dev && ${SPARSYNC_SKIP_TENSORFLOW:-0} != 1 ]]; then
   tf_py="$repo/.venv-tf/bin/python"
   [[ -x "$tf_py" ]] || /usr/bin/python3 -m venv "$repo/.venv-tf"
   if ! "$tf_py" -c "import importlib.metadata as m; import sys; \

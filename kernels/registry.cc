@@ -42,6 +42,9 @@ Status CheckOptions(std::string_view base, const SparsifierOptions& o) {
                                 std::to_string(o.density));
   }
   if (o.k < 0) return InvalidArgumentError(who + "k must be >= 0, got " + std::to_string(o.k));
+  if (o.unbiased && base != "randomk") {
+    return InvalidArgumentError(who + "unbiased (d/k scaling) applies to randomk only");
+  }
   if (base == "threshold") {
     if (!std::isfinite(o.threshold)) return InvalidArgumentError(who + "threshold must be finite");
     if (o.threshold <= 0 && !(o.sample_fraction > 0.0 && o.sample_fraction <= 1.0)) {

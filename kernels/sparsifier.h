@@ -7,8 +7,9 @@
 // Contract shared by every implementation:
 //  * Output indices are strictly ascending (the wire format delta-codes them).
 //  * out->values[j] is the value sent for coordinate out->indices[j], as float32: the input value
-//    itself for top-k, random-k, threshold and Gaussian-k; g_i / p_i for Wangni; the accumulated
-//    velocity v_i for DGC.
+//    itself for top-k, threshold and Gaussian-k; for random-k the input value, or with
+//    options.unbiased the input value times d/k (RandomKScale); g_i / p_i for Wangni; the
+//    accumulated velocity v_i for DGC.
 //  * Inputs of every dtype are first rounded to float32; selection is on the float32 values.
 //  * A NaN or +-Inf anywhere in the input is an INVALID_ARGUMENT error naming the first offending
 //    element; nothing is selected (out->k = 0) and DGC state is left untouched.
@@ -75,6 +76,11 @@ struct SparsifierOptions {
   int64_t min_sample_size = 1000;
   // randomk: if true, indices depend only on (context.shared_seed, numel), never on data or node.
   bool shared_seed = false;
+  // randomk: if true, each kept value is sent as x_i * d/k (RandomKScale): the unbiased estimator
+  // of uniform sampling, E[Q(x)] = x (Stich et al.; the baseline Wangni et al. compare against),
+  // for use without error feedback. If false, x_i itself, bit for bit: with error feedback the
+  // residual keeps what was not sent, and scaling would inflate it.
+  bool unbiased = false;
   // wangni: if > 0, use the closed form for the variance budget E||Q(g)||^2 <= (1+eps)||g||^2
   // instead of the greedy algorithm for expected density `density`.
   double variance_budget = 0.0;
@@ -117,6 +123,16 @@ std::vector<std::string> SparsifierNames();
 
 // k for a density (see the contract above). options.k > 0 overrides the density.
 int64_t SelectedCount(int64_t numel, double density, int64_t fixed_k = 0);
+
+// Random-k's inverse inclusion probability d/k (1 when k = 0). An unbiased random-k sends
+// RandomKScaled(x_i, RandomKScale(d, k)): the product in double, rounded once to float32, so that
+// every implementation (reference, CPU, CUDA) sends the same bits.
+inline double RandomKScale(int64_t numel, int64_t k) {
+  return k > 0 ? static_cast<double>(numel) / static_cast<double>(k) : 1.0;
+}
+inline float RandomKScaled(float x, double scale) {
+  return static_cast<float>(static_cast<double>(x) * scale);
+}
 
 // Checks the arguments every Sparsify receives: view shapes, capacity, index range.
 Status ValidateSparsifyArgs(const DenseView& grad, const SparseView* out, int64_t max_selected);

@@ -1,11 +1,12 @@
-"""The torch.distributed baseline of the cluster benchmark: DDP (gloo) over a replayed backward.
+"""The torch.distributed peers of the cluster benchmark: DDP (gloo) over a replayed backward.
 
-The module has one parameter per gradient tensor of the profile, in forward order, chained
-through a custom autograd Function per tensor whose backward sleeps until that tensor's gradient
-is due (model_profile.Schedule, measured from the start of backward) and then returns the
-parameter's own (random, fixed-seed) values as its gradient. DistributedDataParallel's hooks see
-the gradients arrive in the profile's backward order, so its buckets are all-reduced while the
-replayed backward goes on, as in real training; backward() returns when every bucket is reduced.
+DistributedDataParallel wraps a ReplayModule (replay_module.py): its hooks see the gradients
+arrive in the profile's backward order, so its buckets are all-reduced while the replayed
+backward goes on, as in real training; backward() returns when every bucket is reduced. With
+--powersgd-rank R the buckets go through PyTorch's PowerSGD communication hook (Vogels et al.,
+NeurIPS 2019) at rank R instead, with its defaults otherwise (error feedback, warm start,
+vectors and small tensors all-reduced uncompressed), compressing from the third iteration on;
+one bucket's exchange starts when the previous one's has ended (one_bucket_at_a_time: Gloo).
 Iterations are timed as in replay_worker.py (same JSON fields).
 
 Run one process per node, with torch.distributed's environment, e.g.
@@ -21,61 +22,51 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 import model_profile
+from replay_module import ReplayModule
+
+# PowerSGD's vanilla all-reduce phase: the fewest iterations its error feedback allows (> 1).
+POWERSGD_START_ITER = 2
 
 
-class _Clock:
-    """Shared by the replay functions: when backward started and when each gradient is due."""
+def one_bucket_at_a_time(hook):
+    """The communication hook, each bucket started once the previous bucket's result is in.
 
-    def __init__(self, schedule):
-        self.ready_s = schedule.ready_s
-        self.start = 0.0
-        self.lag = 0.0
+    Gloo pairs the ranks' collectives by the order they are issued. PowerSGD issues its second
+    and third all-reduce (P, then Q) from completion callbacks, which on a slow backward race
+    with the next bucket's first all-reduce, issued from the autograd thread; ranks then pair
+    different collectives and Gloo aborts ("op.preamble.length <= op.nbytes"). Chaining the
+    buckets keeps every rank's order the same; the exchange still overlaps the backward.
+    """
+    last = [None]
 
-    def wait_for(self, index):
-        due = self.start + self.ready_s[index]
-        while True:
-            left = due - time.perf_counter()
-            if left <= 0:
-                break
-            time.sleep(left)
-        self.lag = max(self.lag, time.perf_counter() - due)
+    def run(state, bucket):
+        out = torch.futures.Future()
 
+        def start(_=None):
+            try:
+                fut = hook(state, bucket)
+            except Exception as e:  # noqa: BLE001 (handed to DDP through the future)
+                out.set_exception(e)
+                return
 
-class _ReplayLayer(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, param, clock, index):
-        ctx.clock, ctx.index = clock, index
-        ctx.save_for_backward(param)
-        return h.clone()
+            def finish(f):
+                try:
+                    out.set_result(f.value())
+                except Exception as e:  # noqa: BLE001
+                    out.set_exception(e)
+            fut.add_done_callback(finish)
 
-    @staticmethod
-    def backward(ctx, grad_h):
-        ctx.clock.wait_for(ctx.index)
-        param, = ctx.saved_tensors
-        return grad_h, param, None, None
-
-
-class ReplayModule(torch.nn.Module):
-    def __init__(self, schedule, seed, forward):
-        super().__init__()
-        gen = torch.Generator().manual_seed(seed)
-        self.clock = _Clock(schedule)
-        self.forward_s = schedule.forward_s if forward else 0.0
-        # Forward order is the reverse of backward order; DDP buckets parameters in reverse.
-        self.order = list(range(len(schedule)))[::-1]
-        self.params = torch.nn.ParameterList(
-            [torch.nn.Parameter(torch.randn(schedule.shapes[i], generator=gen))
-             for i in self.order])
-
-    def forward(self, h):
-        if self.forward_s:
-            time.sleep(self.forward_s)
-        for param, index in zip(self.params, self.order):
-            h = _ReplayLayer.apply(h, param, self.clock, index)
-        return h
+        previous, last[0] = last[0], out
+        if previous is None:
+            start()
+        else:
+            previous.add_done_callback(start)
+        return out
+    return run
 
 
 def main(argv=None):
@@ -89,11 +80,18 @@ def main(argv=None):
     p.add_argument("--no-forward", action="store_true", help="skip the forward wait")
     p.add_argument("--bucket-mb", type=float, default=25.0,
                    help="DDP bucket_cap_mb (default 25, DDP's own default)")
+    p.add_argument("--powersgd-rank", type=int, default=0,
+                   help="reduce through PyTorch's PowerSGD hook at this rank (default 0: off)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random gradients")
     p.add_argument("--timeout-s", type=float, default=300.0, help="gloo collective timeout")
     p.add_argument("--out", default="-",
                    help="result file ({rank} is replaced by the rank; - for stdout)")
     args = p.parse_args(argv)
+    if args.powersgd_rank < 0:
+        p.error("--powersgd-rank must be >= 0")
+    if args.powersgd_rank and args.warmup < POWERSGD_START_ITER:
+        p.error("--warmup must be at least %d with PowerSGD (it compresses from iteration %d)"
+                % (POWERSGD_START_ITER, POWERSGD_START_ITER))
     profile = model_profile.load(args.profile)
     schedule = model_profile.Schedule(profile, args.time_scale)
     torch.set_num_threads(1)
@@ -104,6 +102,11 @@ def main(argv=None):
     # gradient_as_bucket_view: the gradients live in DDP's buckets, no second copy of the model.
     ddp = DistributedDataParallel(module, bucket_cap_mb=args.bucket_mb,
                                   gradient_as_bucket_view=True)
+    if args.powersgd_rank:
+        state = powerSGD_hook.PowerSGDState(process_group=None,
+                                            matrix_approximation_rank=args.powersgd_rank,
+                                            start_powerSGD_iter=POWERSGD_START_ITER)
+        ddp.register_comm_hook(state, one_bucket_at_a_time(powerSGD_hook.powerSGD_hook))
     h = torch.zeros(())
     rows = []
     for _ in range(args.warmup + args.iters):
@@ -118,12 +121,14 @@ def main(argv=None):
     dist.barrier()
     dist.destroy_process_group()
     result = {
-        "worker": "ddp", "rank": rank, "size": size, "model": profile["model"],
+        "worker": "ddp_powersgd" if args.powersgd_rank else "ddp", "rank": rank, "size": size,
+        "model": profile["model"],
         "profile": str(model_profile.resolve(args.profile)), "num_tensors": len(schedule),
         "total_numel": schedule.total_numel, "time_scale": args.time_scale,
         "forward": not args.no_forward,
         "replayed_forward_s": schedule.forward_s if not args.no_forward else 0.0,
         "replayed_backward_s": schedule.backward_s, "bucket_mb": args.bucket_mb,
+        "powersgd_rank": args.powersgd_rank,
         "warmup": args.warmup, "iters": args.iters,
     }
     model_profile.write_result(result, rows, args.warmup, args.out)

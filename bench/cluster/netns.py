@@ -6,6 +6,12 @@ is a port of bridge `<prefix>-br`. A token bucket (tc tbf) at the egress of both
 veth pair limits each direction of each link to the rate (1 Gb/s by default), as a switch with
 1 GbE ports would: the namespace side shapes what node i sends, the bridge side what it receives.
 
+Inside node i's namespace the machine's host name resolves to the node's own address, as on a
+real node: `ip netns exec` mounts /etc/netns/<namespace>/hosts over /etc/hosts, and setup writes
+one (hosts_files). Horovod's Gloo contexts for process sets bind to the address of the host
+name, not to HOROVOD_GLOO_IFACE (horovod/common/gloo/gloo_context.cc, 0.28.1); without it they
+bind to 127.0.0.1 and the nodes cannot reach each other.
+
 Network objects are named after a prefix ("spsc" by default), so that what a killed run left
 behind (namespaces, links, the processes inside the namespaces) can be found and removed
 (`cleanup`, harness.py --cleanup). The setup and teardown are command lines that harness.py runs
@@ -15,12 +21,14 @@ behind (namespaces, links, the processes inside the namespaces) can be found and
 import ipaddress
 import os
 import signal
+import socket
 import subprocess
 import time
 
 SUBNET = ipaddress.ip_network("198.18.0.0/24")
 BENCH_RANGE = ipaddress.ip_network("198.18.0.0/15")
 DEFAULT_PREFIX = "spsc"
+NETNS_ETC = "/etc/netns"
 
 
 class Network:
@@ -54,6 +62,14 @@ class Network:
     def in_ns(self, i, argv):
         return ["ip", "netns", "exec", self.namespace(i)] + list(argv)
 
+    def hosts_files(self):
+        """[(path, text)]: each namespace's /etc/hosts, naming this machine by the node's
+        address; setup writes them after setup_commands."""
+        return [("%s/%s/hosts" % (NETNS_ETC, self.namespace(i)),
+                 "127.0.0.1 localhost\n::1 localhost\n%s %s\n" % (self.address(i),
+                                                                  socket.gethostname()))
+                for i in range(self.nodes)]
+
     def _tbf(self, dev):
         return ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate,
                 "burst", self.burst, "latency", self.latency]
@@ -84,7 +100,8 @@ class Network:
             cmds += [self.in_ns(i, ["tc", "qdisc", "del", "dev", self.node_if(i), "root"]),
                      ["tc", "qdisc", "del", "dev", self.bridge_if(i), "root"],
                      ["ip", "link", "del", self.bridge_if(i)],
-                     ["ip", "netns", "del", self.namespace(i)]]
+                     ["ip", "netns", "del", self.namespace(i)],
+                     ["rm", "-rf", "%s/%s" % (NETNS_ETC, self.namespace(i))]]
         cmds.append(["ip", "link", "del", self.bridge])
         return cmds
 
@@ -132,4 +149,14 @@ def cleanup(prefix, runner):
         runner.run(["ip", "netns", "del", ns], check=False)
     for link in sorted(links, key=lambda n: n.endswith("-br")):  # veths first, then the bridge
         runner.run(["ip", "link", "del", link], check=False)
+    for etc in _etc_leftovers(prefix):
+        runner.run(["rm", "-rf", etc], check=False)
     return spaces, links
+
+
+def _etc_leftovers(prefix):
+    try:
+        return sorted(os.path.join(NETNS_ETC, n) for n in os.listdir(NETNS_ETC)
+                      if n.startswith(prefix + "-n"))
+    except OSError:
+        return []

@@ -3,7 +3,9 @@
 `Runner` is the one place that executes anything. Every command line is appended to a log (and
 printed with --verbose); with dry_run it is only printed, on stdout, exactly as it would run.
 Background processes get their own session (process group), so that stopping one stops what it
-started; `stop_all` is safe to call at any time, also from a signal-driven clean-up.
+started, and the highest OOM score, so that a run too big for the machine's memory fails itself
+rather than another job; `stop_all` is safe to call at any time, also from a signal-driven
+clean-up.
 """
 
 import os
@@ -14,6 +16,16 @@ import sys
 import time
 
 GRACE_S = 10.0
+
+
+def _first_for_the_oom_killer():
+    """In a started process, before exec: if memory runs out, the kernel kills the benchmark's
+    processes before anyone else's on this shared machine (a run then fails as such)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
 
 
 def env_argv(env):
@@ -77,6 +89,14 @@ class Runner:
                                % (r.returncode, shlex.join(argv), r.stderr.strip()))
         return r
 
+    def write_file(self, path, text):
+        """Writes a small file (creating its folder); noted in the command stream."""
+        self._record("# write %s: %r" % (path, text))
+        if not self.dry_run:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+
     def start(self, label, argv, log_path):
         """Starts a background process writing stdout and stderr to log_path."""
         self._record(shlex.join(argv) + " > %s 2>&1 &" % shlex.quote(str(log_path)))
@@ -86,7 +106,8 @@ class Runner:
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(argv, env=self.base_env, stdin=subprocess.DEVNULL,
                                         stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, close_fds=True)
+                                        start_new_session=True, close_fds=True,
+                                        preexec_fn=_first_for_the_oom_killer)
             b = Background(label, proc, log_path)
         self.background.append(b)
         return b
@@ -110,6 +131,46 @@ class Runner:
 
     def stop_all(self):
         return self.stop(list(self.background), grace_s=3.0)
+
+
+def wait_for_files(paths, procs, timeout_s, dry_run, what="files"):
+    """Waits until every path exists; a process of `procs` exiting first, or the timeout, raises
+    RuntimeError with its log tail."""
+    if dry_run:
+        return
+    deadline = time.monotonic() + timeout_s
+    while not all(os.path.exists(p) for p in paths):
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError("%s exited (%s) during start-up:\n%s"
+                                   % (p.label, p.poll(), p.log_tail()))
+        if time.monotonic() > deadline:
+            raise RuntimeError("%s did not appear within %.0f s" % (what, timeout_s))
+        time.sleep(0.05)
+
+
+def wait_all(procs, timeout_s, watch=()):
+    """Waits for every process in `procs` to exit 0; a failure, a watched process exiting, or
+    the timeout raises RuntimeError with the log tail of the culprit."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pending = False
+        for p in procs:
+            rc = p.poll()
+            if rc is None:
+                pending = True
+            elif rc != 0:
+                raise RuntimeError("%s exited with %s:\n%s" % (p.label, rc, p.log_tail()))
+        if not pending:
+            return
+        for w in watch:
+            if w.poll() is not None:
+                raise RuntimeError("%s exited (%s) while workers ran:\n%s"
+                                   % (w.label, w.poll(), w.log_tail()))
+        if time.monotonic() > deadline:
+            raise RuntimeError("workers still running after %.0f s (--run-timeout-s)"
+                               % timeout_s)
+        time.sleep(0.2)
 
 
 def warn(message):

@@ -1,15 +1,26 @@
-"""Turns harness.py's results.json into a markdown table and a PNG bar chart.
+"""Turns harness.py's results.json into markdown tables and PNG charts.
 
     .venv/bin/python bench/cluster/report.py results.json --md table.md --png chart.png
+    .venv/bin/python bench/cluster/report.py sweep.json --md sweep.md --sweep-png sweep.png
 
-Table: one row per (model, P, mode) with the measured mean and median iteration time (slowest
-rank per iteration), the median time from the start of backward to the last result (what the
-planner's timeline predicts: docs/algorithms.md §3 starts it at backward), the last plan's
-predicted time and their ratio, the speed-up against sparsync's dense mode of the same model
-and P (dense median / this median), and for the sparse modes the speed-up against the better of
-layerwise and single (the OMGS paper's comparison). Failed runs are listed as such. The chart
-shows median iteration times per model and mode, one panel per P, on a log scale. Without --md
-the table goes to stdout.
+All times are modelled ms (measured / the run's dilation D). The header gives the command, the
+modelled and shaped links, D, how sparsification was modelled, the profiles' sources and the
+machine's load averages at the start and end of the invocation.
+
+Runs table: one row per (D, P, model, mode): mean and median iteration time (slowest rank per
+iteration), the median time from the start of backward to the last result (what the planner's
+timeline predicts: docs/algorithms.md §3 starts it at backward), the last plan's predicted time
+and their ratio, the speed-up against sparsync's dense mode of the same model, P and D (dense
+median / this median), and for the sparse modes the speed-up against the better of layerwise and
+single (the OMGS paper's comparison). Failed runs are listed as such.
+
+Comparisons table: per (D, P, model), the issue's comparisons where both runs exist: omgs and
+optimal against best(layerwise, single); the slowest sparse mode against dense; sparsync dense /
+Horovod dense; sparsync single / TopK-SGD over Horovod; omgs and optimal against DDP+PowerSGD.
+
+Sweep table (results with several D): per (P, model, mode) the median at each D and the ratio of
+each D's median to the next D's. Charts: per model, the median of every mode (peers included)
+at each P; the sweep chart plots each mode's median against D.
 """
 
 import argparse
@@ -17,13 +28,20 @@ import json
 import sys
 from pathlib import Path
 
-MODE_ORDER = ["dense", "ddp", "layerwise", "single", "fixed", "omgs", "optimal"]
+MODE_ORDER = ["dense", "ddp", "ddp_powersgd", "hvd_dense", "hvd_fp16", "hvd_topk", "layerwise",
+              "single", "fixed", "omgs", "optimal"]
 SPARSE = {"layerwise", "single", "fixed", "omgs", "optimal"}
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+
+
+def _dil(run):
+    return run.get("dilation", 1.0)
 
 
 def _key(run):
     mode = run["mode"]
-    return (run["nodes"], run["model"], MODE_ORDER.index(mode) if mode in MODE_ORDER else 99)
+    return (_dil(run), run["nodes"], run["model"],
+            MODE_ORDER.index(mode) if mode in MODE_ORDER else 99)
 
 
 def _fmt(x, pattern="%.1f"):
@@ -34,82 +52,240 @@ def _ok(run):
     return run is not None and run.get("status") == "ok"
 
 
+def _index(results):
+    return {(r["model"], r["nodes"], _dil(r), r["mode"]): r for r in results["runs"]}
+
+
+def _median(by, model, nodes, d, mode):
+    r = by.get((model, nodes, d, mode))
+    return r["median_ms"] if _ok(r) else None
+
+
+def _best_baseline(by, model, nodes, d):
+    base = [_median(by, model, nodes, d, m) for m in ("layerwise", "single")]
+    base = [b for b in base if b]
+    return min(base) if base else None
+
+
+def prediction_ratio(run):
+    pred, bwd = run.get("predicted_ms"), run.get("backward_comm_median_ms")
+    return bwd / pred if pred and bwd else None
+
+
 def table(results):
     runs = sorted(results["runs"], key=_key)
-    by = {(r["model"], r["nodes"], r["mode"]): r for r in runs}
-    head = ("| model | P | mode | mean (ms) | median (ms) | backward+comm median (ms) "
-            "| predicted (ms) | (backward+comm) / predicted | speed-up vs dense "
-            "| vs best(layerwise, single) |")
-    lines = [head, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    by = _index(results)
+    lines = ["| model | P | D | mode | mean (ms) | median (ms) | backward+comm median (ms) "
+             "| predicted (ms) | (backward+comm) / predicted | speed-up vs dense "
+             "| vs best(layerwise, single) |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
+        d = _dil(r)
         if not _ok(r):
-            lines.append("| %s | %d | %s | failed | | | | | | |" % (r["model"], r["nodes"],
-                                                                     r["mode"]))
+            lines.append("| %s | %d | %g | %s | %s | | | | | | |"
+                         % (r["model"], r["nodes"], d, r["mode"], r.get("status", "failed")))
             continue
         med = r["median_ms"]
-        pred = r.get("predicted_ms")
-        bwd = r.get("backward_comm_median_ms")
-        dense = by.get((r["model"], r["nodes"], "dense"))
-        speedup = dense["median_ms"] / med if _ok(dense) and r["mode"] != "dense" else None
-        base = [by.get((r["model"], r["nodes"], m)) for m in ("layerwise", "single")]
-        base = [b["median_ms"] for b in base if _ok(b)]
-        vs_best = min(base) / med if base and r["mode"] in SPARSE else None
-        lines.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            r["model"], r["nodes"], r["mode"], _fmt(r["mean_ms"]), _fmt(med),
-            _fmt(bwd), _fmt(pred), _fmt(bwd / pred if pred and bwd else None, "%.2f"),
-            _fmt(speedup, "%.2fx"),
+        dense = _median(by, r["model"], r["nodes"], d, "dense")
+        speedup = dense / med if dense and r["mode"] != "dense" else None
+        base = _best_baseline(by, r["model"], r["nodes"], d)
+        vs_best = base / med if base and r["mode"] in SPARSE else None
+        lines.append("| %s | %d | %g | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["model"], r["nodes"], d, r["mode"], _fmt(r["mean_ms"]), _fmt(med),
+            _fmt(r.get("backward_comm_median_ms")), _fmt(r.get("predicted_ms")),
+            _fmt(prediction_ratio(r), "%.2f"), _fmt(speedup, "%.2fx"),
             _fmt(vs_best, "%.2fx")))
     return "\n".join(lines) + "\n"
+
+
+def _ratio(a, b, pattern="%.2fx"):
+    return _fmt(a / b if a and b else None, pattern)
+
+
+def comparisons(results):
+    by = _index(results)
+    groups = sorted({(_dil(r), r["nodes"], r["model"]) for r in results["runs"]})
+    lines = ["| model | P | D | omgs vs best(lw, single) | optimal vs best(lw, single) "
+             "| slowest sparse mode vs dense | sparsync dense / hvd_dense "
+             "| sparsync single / hvd_topk | omgs vs ddp_powersgd | optimal vs ddp_powersgd |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for d, nodes, model in groups:
+        def m(mode):
+            return _median(by, model, nodes, d, mode)
+        base = _best_baseline(by, model, nodes, d)
+        sparse = [m(x) for x in SPARSE if m(x)]
+        lines.append("| %s | %d | %g | %s | %s | %s | %s | %s | %s | %s |" % (
+            model, nodes, d, _ratio(base, m("omgs")), _ratio(base, m("optimal")),
+            _ratio(m("dense"), max(sparse)) if sparse else "-",
+            _ratio(m("dense"), m("hvd_dense"), "%.2f"),
+            _ratio(m("single"), m("hvd_topk"), "%.2f"),
+            _ratio(m("ddp_powersgd"), m("omgs")), _ratio(m("ddp_powersgd"), m("optimal"))))
+    return "\n".join(lines) + "\n"
+
+
+def prediction_summary(results, tolerance=0.15):
+    """(within, total) sparsync runs whose backward+comm is within `tolerance` of the plan's
+    prediction."""
+    ratios = [prediction_ratio(r) for r in results["runs"] if _ok(r)]
+    ratios = [x for x in ratios if x is not None]
+    return sum(1 for x in ratios if abs(x - 1) <= tolerance), len(ratios)
+
+
+def sweep_table(results):
+    by = _index(results)
+    factors = sorted({_dil(r) for r in results["runs"]})
+    if len(factors) < 2:
+        return ""
+    head = "| model | P | mode | " + " | ".join("D=%g (ms)" % d for d in factors) + " | " + \
+        " | ".join("D=%g / D=%g" % (a, b) for a, b in zip(factors, factors[1:])) + " |"
+    lines = [head, "|---|---:|---|" + "---:|" * (2 * len(factors) - 1)]
+    for nodes, model, mode in sorted({(r["nodes"], r["model"], r["mode"])
+                                      for r in results["runs"]},
+                                     key=lambda k: (k[0], k[1], MODE_ORDER.index(k[2])
+                                                    if k[2] in MODE_ORDER else 99)):
+        meds = [_median(by, model, nodes, d, mode) for d in factors]
+        lines.append("| %s | %d | %s | %s | %s |" % (
+            model, nodes, mode, " | ".join(_fmt(x) for x in meds),
+            " | ".join(_ratio(a, b, "%.3f") for a, b in zip(meds, meds[1:]))))
+    return "\n".join(lines) + "\n"
+
+
+def _profile_note(model):
+    try:
+        doc = json.loads((PROFILES / ("%s.json" % model)).read_text())
+    except (OSError, ValueError):
+        return "%s: profile not found" % model
+    m = doc.get("measurement", {})
+    src = m.get("source", {})
+    kind = src.get("kind") or "measured on %s (%s)" % (m.get("device", "?"),
+                                                       m.get("machine", {}).get("cpu", "?"))
+    return "%s: %s, batch %s" % (model, kind, m.get("batch_size", "?"))
 
 
 def header(results):
     m = results.get("meta", {})
     net = m.get("network", {})
-    parts = ["%s, tbf %s (burst %s, latency %s)" % (m.get("date", "?"), net.get("rate", "?"),
-                                                   net.get("burst", "?"),
-                                                   net.get("latency", "?")),
+    runs = results.get("runs", [])
+    links = sorted({(_dil(r), r["link"]["rate"], r["link"]["latency"]) for r in runs
+                    if r.get("link")})
+    parts = ["%s; modelled links tbf %s (burst %s, queue latency %s)"
+             % (m.get("date", "?"), net.get("rate", "?"), net.get("burst", "?"),
+                net.get("latency", "?")),
+             "dilation D = %s" % ", ".join("%g" % d for d in m.get("dilation", [1.0])),
              "density %s" % m.get("density", "?"), "time scale %s" % m.get("time_scale", "?"),
-             "%s warm-up + %s measured iterations" % (m.get("warmup", "?"), m.get("iters", "?"))]
+             "%s warm-up (peers %s) + %s measured iterations"
+             % (m.get("warmup", "?"), m.get("peer_warmup", "?"), m.get("iters", "?"))]
     text = "Command: `%s`\n\n%s.\n" % (m.get("command", "?"), "; ".join(parts))
-    for nodes, flows in sorted(m.get("bandwidth", {}).items()):
-        rates = ", ".join("%s->%s %.3f" % (f["from"], f["to"], f["gbps"]) for f in flows)
-        text += "\nMeasured TCP throughput at P=%s (Gb/s): %s.\n" % (nodes, rates)
+    if links:
+        text += "\nShaped (real) links: %s.\n" % "; ".join(
+            "D=%g: rate %s, latency %s" % link for link in links)
+    text += "\nSparsification: %s.\n" % m.get("sparsification", "not recorded")
+    models = sorted({r["model"] for r in runs})
+    if models:
+        text += "\nProfiles: %s.\n" % "; ".join(_profile_note(x) for x in models)
+    if m.get("load_average_start") or m.get("load_average_end"):
+        text += ("\nLoad average (1, 5, 15 min) of this shared 2-core machine: %s at the start, "
+                 "%s at the end.\n" % (m.get("load_average_start"), m.get("load_average_end")))
+    def bw_order(key):  # "8", or "8@D20" when the invocation swept dilations
+        nodes, _, d = key.partition("@D")
+        return int(nodes), float(d or 1)
+
+    for key, flows in sorted(m.get("bandwidth", {}).items(), key=lambda kv: bw_order(kv[0])):
+        rates = ", ".join("%s->%s %.3f" % (f["from"], f["to"], f.get("modelled_gbps", f["gbps"]))
+                          for f in flows)
+        text += "\nMeasured TCP throughput at P=%s, modelled (measured x D, Gb/s): %s.\n" % (
+            key, rates)
+    within, total = prediction_summary(results)
+    if total:
+        text += "\nMeasured within 15 %% of predicted: %d of %d sparsync runs.\n" % (within,
+                                                                                  total)
     return text
 
 
-def chart(results, path):
+def _plt():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def _compute_line(ax, runs):
+    """The replayed forward + backward: an iteration with free communication."""
+    bound = [r["replayed_forward_ms"] + r["replayed_backward_ms"] for r in runs
+             if "replayed_backward_ms" in r]
+    if bound:
+        ax.axhline(max(bound), color="gray", linestyle="--", linewidth=1,
+                   label="forward + backward alone")
+
+
+def chart(results, path):
+    """One panel per model: median per mode, one bar per P (and D, if several)."""
+    plt = _plt()
     runs = [r for r in results["runs"] if _ok(r)]
-    sizes = sorted({r["nodes"] for r in runs})
-    if not sizes:
+    models = list(dict.fromkeys(r["model"] for r in sorted(runs, key=_key)))
+    if not models:
         raise ValueError("no successful runs to plot")
-    fig, axes = plt.subplots(len(sizes), 1, figsize=(11, 4 * len(sizes)), squeeze=False)
-    for ax, nodes in zip(axes[:, 0], sizes):
-        sub = [r for r in runs if r["nodes"] == nodes]
-        models = list(dict.fromkeys(r["model"] for r in sorted(sub, key=_key)))
-        modes = [m for m in MODE_ORDER if any(r["mode"] == m for r in sub)]
-        width = 0.8 / max(1, len(modes))
-        for j, mode in enumerate(modes):
+    fig, axes = plt.subplots(len(models), 1, figsize=(12, 3.6 * len(models)), squeeze=False)
+    for ax, model in zip(axes[:, 0], models):
+        sub = [r for r in runs if r["model"] == model]
+        modes = [x for x in MODE_ORDER if any(r["mode"] == x for r in sub)]
+        series = sorted({(r["nodes"], _dil(r)) for r in sub})
+        width = 0.8 / max(1, len(series))
+        for j, (nodes, d) in enumerate(series):
             xs, ys = [], []
-            for i, model in enumerate(models):
-                hit = [r for r in sub if r["model"] == model and r["mode"] == mode]
+            for i, mode in enumerate(modes):
+                hit = [r for r in sub if r["mode"] == mode and r["nodes"] == nodes
+                       and _dil(r) == d]
                 if hit:
-                    xs.append(i + (j - (len(modes) - 1) / 2) * width)
+                    xs.append(i + (j - (len(series) - 1) / 2) * width)
                     ys.append(hit[0]["median_ms"])
-            ax.bar(xs, ys, width, label=mode)
-        ax.set_xticks(range(len(models)))
-        ax.set_xticklabels(models)
+            ax.bar(xs, ys, width, label="P = %d, D = %g" % (nodes, d))
+        _compute_line(ax, sub)
+        ax.set_xticks(range(len(modes)))
+        ax.set_xticklabels(modes, fontsize="small")
         ax.set_yscale("log")
-        ax.set_ylabel("median iteration (ms)")
-        ax.set_title("P = %d, 1 Gb/s links" % nodes)
-        ax.legend(ncol=len(modes), fontsize="small")
+        ax.set_ylabel("median iteration (modelled ms)")
+        ax.set_title("%s, %s links" % (model, results.get("meta", {}).get("network", {}).get(
+            "rate", "?")))
+        ax.legend(fontsize="small")
         ax.grid(axis="y", which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def sweep_chart(results, path):
+    plt = _plt()
+    runs = [r for r in results["runs"] if _ok(r)]
+    groups = sorted({(r["nodes"], r["model"]) for r in runs})
+    if not groups:
+        raise ValueError("no successful runs to plot")
+    fig, axes = plt.subplots(1, len(groups), figsize=(7 * len(groups), 4.5), squeeze=False)
+    for ax, (nodes, model) in zip(axes[0], groups):
+        sub = [r for r in runs if r["nodes"] == nodes and r["model"] == model]
+        for mode in [x for x in MODE_ORDER if any(r["mode"] == x for r in sub)]:
+            pts = sorted((_dil(r), r["median_ms"]) for r in sub if r["mode"] == mode)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
+        _compute_line(ax, sub)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("dilation D")
+        ax.set_ylabel("median iteration (modelled ms)")
+        ax.set_title("%s, P = %d" % (model, nodes))
+        ax.legend(fontsize="small")
+        ax.grid(which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def render(results):
+    text = header(results) + "\n" + table(results)
+    sweep = sweep_table(results)
+    if sweep:
+        text += "\nThe same medians by dilation:\n\n" + sweep
+    return text + "\nComparisons (speed-ups: baseline / mode; ratios: mode / peer):\n\n" + \
+        comparisons(results)
 
 
 def main(argv=None):
@@ -117,16 +293,19 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", help="results.json written by harness.py")
     p.add_argument("--md", default="", help="write the markdown here (default: stdout)")
-    p.add_argument("--png", default="", help="write the bar chart here (needs matplotlib)")
+    p.add_argument("--png", default="", help="write the per-model chart here (matplotlib)")
+    p.add_argument("--sweep-png", default="", help="write the dilation chart here")
     args = p.parse_args(argv)
     results = json.loads(Path(args.results).read_text())
-    text = header(results) + "\n" + table(results)
+    text = render(results)
     if args.md:
         Path(args.md).write_text(text)
     else:
         sys.stdout.write(text)
     if args.png:
         chart(results, args.png)
+    if args.sweep_png:
+        sweep_chart(results, args.sweep_png)
     return 0
 
 

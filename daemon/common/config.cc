@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <optional>
+#include <set>
 #include <sstream>
 
 extern char** environ;
@@ -302,7 +304,7 @@ std::vector<Setting> Settings() {
         return Reject(st, v, "accepted values: auto, cpu");
       });
   add("cudart", "SPARSYNC_CUDART", "",
-      "the CUDA runtime library the CUDA IPC intake loads when a worker registers a CUDA tensor "
+      "the CUDA runtime library the daemon loads for CUDA tensors and the NCCL transport "
       "(empty: libcudart.so.13, .so.12 or .so, preferring one already loaded)",
       [](const Setting&, const std::string& v, Config* c) {
         c->cudart = v;
@@ -317,8 +319,8 @@ std::vector<Setting> Settings() {
         return Status::Ok();
       });
   add("libnccl", "SPARSYNC_LIBNCCL", "",
-      "the NCCL library the local reduce across GPUs loads (empty: libnccl.so.2; a file named "
-      "here must load, or the daemon does not start)",
+      "the NCCL library the NCCL transport and the local reduce across GPUs load (empty: "
+      "libnccl.so.2; a file named here must load, or the daemon does not start)",
       [](const Setting&, const std::string& v, Config* c) {
         c->libnccl = v;
         return Status::Ok();
@@ -355,6 +357,26 @@ std::vector<Setting> Settings() {
         auto n = ParseNumber(v);
         if (!n.ok() || *n < 0 || *n > 1000) return Reject(st, v, "expected 0 .. 1000");
         c->cycle_ms = *n;
+        return Status::Ok();
+      });
+  add("timeline", "SPARSYNC_TIMELINE", "",
+      "write a Chrome trace (Perfetto, chrome://tracing) of every tensor and merge group to this "
+      "file; {node} in it stands for the node's rank (without it only node 0 writes one); "
+      "empty: none",
+      [](const Setting&, const std::string& v, Config* c) {
+        c->timeline = v;
+        return Status::Ok();
+      });
+  add("metrics-port", "SPARSYNC_METRICS_PORT", "0",
+      "serve Prometheus metrics on http://ADDRESS:PORT/metrics (0: not served)",
+      [](const Setting& st, const std::string& v, Config* c) {
+        return SetInt(st, v, 0, 65535, &c->metrics_port);
+      });
+  add("metrics-address", "SPARSYNC_METRICS_ADDRESS", "",
+      "the address the metrics are served on (0.0.0.0: every interface; empty: the listen "
+      "address)",
+      [](const Setting&, const std::string& v, Config* c) {
+        c->metrics_address = v;
         return Status::Ok();
       });
   add("log-level", "SPARSYNC_LOG_LEVEL", "info", "trace, debug, info, warn, error or off",
@@ -409,6 +431,9 @@ std::string Config::Describe() const {
   o << " (plan after " << merge.warmup_steps << " steps)"
     << ", transport " << (transport == TransportKind::kNccl ? "nccl" : "gloo") << ", timeout "
     << timeout_s << "s";
+  if (!timeline.empty()) o << ", timeline " << timeline;
+  if (metrics_port != 0) o << ", metrics on port " << metrics_port;
+  if (from_slurm) o << " (node, coordinator and listen from Slurm where SPARSYNC_* is unset)";
   return o.str();
 }
 
@@ -419,7 +444,10 @@ std::map<std::string, std::string> SparsyncEnvironment() {
     auto eq = kv.find('=');
     if (eq == std::string::npos) continue;
     std::string key = kv.substr(0, eq);
-    if (key.rfind("SPARSYNC_", 0) == 0 || key == "XDG_RUNTIME_DIR") env[key] = kv.substr(eq + 1);
+    if (key.rfind("SPARSYNC_", 0) == 0 || key.rfind("SLURM_", 0) == 0 ||
+        key == "SLURMD_NODENAME" || key == "XDG_RUNTIME_DIR") {
+      env[key] = kv.substr(eq + 1);
+    }
   }
   return env;
 }
@@ -430,8 +458,31 @@ std::string DefaultSocketPath(const std::map<std::string, std::string>& env) {
   return "/tmp/sparsync-" + std::to_string(getuid()) + "/sparsyncd.sock";
 }
 
+namespace {
+
+// A daemon started by srun takes what SPARSYNC_* and the flags left unset from Slurm.
+Status ApplySlurm(const std::map<std::string, std::string>& env,
+                  const std::set<std::string>& set_explicitly, const HostnamesFn& hostnames,
+                  Config* c) {
+  SPARSYNC_ASSIGN_OR_RETURN(std::optional<SlurmStep> step, ReadSlurmStep(env));
+  if (!step) return Status::Ok();
+  auto unset = [&](const char* var) { return set_explicitly.count(var) == 0; };
+  if (unset("SPARSYNC_NODE_RANK")) c->node_rank = step->node_rank;
+  if (unset("SPARSYNC_NUM_NODES")) c->num_nodes = step->num_nodes;
+  if (unset("SPARSYNC_LISTEN") && !step->node_name.empty()) c->listen = step->node_name;
+  if (unset("SPARSYNC_COORDINATOR")) {
+    SPARSYNC_ASSIGN_OR_RETURN(std::string host, SlurmCoordinatorHost(*step, hostnames));
+    c->coordinator = host + ":" + std::to_string(step->coordinator_port);
+  }
+  c->from_slurm = true;
+  return Status::Ok();
+}
+
+}  // namespace
+
 ParsedConfig ParseConfig(int argc, const char* const* argv,
-                         const std::map<std::string, std::string>& env) {
+                         const std::map<std::string, std::string>& env,
+                         const HostnamesFn& hostnames) {
   ParsedConfig out;
   std::vector<Setting> settings = Settings();
   CLI::App app{
@@ -459,6 +510,7 @@ ParsedConfig ParseConfig(int argc, const char* const* argv,
     out.message = std::string("sparsyncd: ") + e.what() + "\nRun with --help for more information.";
     return out;
   }
+  std::set<std::string> set_explicitly;  // by a flag or a SPARSYNC_* variable
   for (size_t i = 0; i < settings.size(); ++i) {
     const Setting& s = settings[i];
     std::string value;
@@ -476,8 +528,15 @@ ParsedConfig ParseConfig(int argc, const char* const* argv,
       out.message = "sparsyncd: invalid configuration: " + st.message();
       return out;
     }
+    set_explicitly.insert(s.env);
   }
   Config& c = out.config;
+  if (Status st = ApplySlurm(env, set_explicitly, hostnames, &c); !st.ok()) {
+    out.exit = true;
+    out.exit_code = 2;
+    out.message = "sparsyncd: invalid configuration: " + st.message();
+    return out;
+  }
   if (c.socket_path.empty()) c.socket_path = DefaultSocketPath(env);
   if (c.node_rank >= c.num_nodes) {
     out.exit = true;

@@ -1,5 +1,7 @@
 // Config: the daemon's configuration, the only reader of SPARSYNC_* variables and flags.
-// Precedence: command-line flag > SPARSYNC_* environment variable > default.
+// Precedence: command-line flag > SPARSYNC_* environment variable > Slurm's SLURM_* variables
+// (a daemon started by srun: node rank, node count, coordinator, listen; common/slurm.h) >
+// default.
 #pragma once
 
 #include <chrono>
@@ -8,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/common/slurm.h"
 #include "daemon/common/status.h"
 #include "daemon/common/tensor_meta.h"
 
@@ -60,6 +63,10 @@ struct Config {
   std::string libnccl;                  // NCCL for the local reduce; "": libnccl.so.2
   bool device_sparsify = true;          // SPARSYNC_DEVICE_SPARSIFY=auto: top-k on the GPU
   std::string sparsify_library;         // the CUDA sparsification library; "": beside the daemon
+  std::string timeline;                 // Chrome trace file ("{node}": the rank); "": none
+  int metrics_port = 0;                 // Prometheus' /metrics on this port; 0: not served
+  std::string metrics_address;          // the address it binds; "": `listen`
+  bool from_slurm = false;              // some settings came from SLURM_* (for the log)
 
   // Whether residuals are kept: on by default for the biased compressors, off for Wangni's
   // unbiased one and for DGC (which accumulates in its own state).
@@ -81,10 +88,12 @@ struct ParsedConfig {
 
 // Parses flags (argv) and the environment (`env`, normally the process environment). Invalid
 // values produce exit=true with a message naming the variable, the flag and the accepted values.
+// `hostnames` expands Slurm's node list (only called under Slurm without SPARSYNC_COORDINATOR).
 ParsedConfig ParseConfig(int argc, const char* const* argv,
-                         const std::map<std::string, std::string>& env);
+                         const std::map<std::string, std::string>& env,
+                         const HostnamesFn& hostnames = ScontrolHostnames);
 
-// The process environment as a map (SPARSYNC_* only).
+// The process environment as a map (SPARSYNC_*, SLURM_*, SLURMD_NODENAME, XDG_RUNTIME_DIR).
 std::map<std::string, std::string> SparsyncEnvironment();
 
 // The default control socket: $XDG_RUNTIME_DIR/sparsync/sparsyncd.sock, else

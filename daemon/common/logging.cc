@@ -12,4 +12,18 @@ void InitLogging(int node_rank, const std::string& level) {
   spdlog::set_default_logger(logger);
 }
 
+bool LogLimiter::Allow(uint64_t* held_back) {
+  std::lock_guard lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (logged_ && now - last_ < interval_) {
+    ++held_back_;
+    return false;
+  }
+  *held_back = held_back_;
+  held_back_ = 0;
+  logged_ = true;
+  last_ = now;
+  return true;
+}
+
 }  // namespace sparsync

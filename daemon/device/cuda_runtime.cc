@@ -43,7 +43,9 @@ std::shared_ptr<const CudaRuntime> FromHandle(void* handle, const std::string& l
   rt->library = library;
   std::string missing;
   bool ok = BindSymbol(handle, "cudaSetDevice", &rt->SetDevice, &missing) &&
+            BindSymbol(handle, "cudaGetDeviceCount", &rt->GetDeviceCount, &missing) &&
             BindSymbol(handle, "cudaGetDevice", &rt->GetDevice, &missing) &&
+            BindSymbol(handle, "cudaGetLastError", &rt->GetLastError, &missing) &&
             BindSymbol(handle, "cudaIpcGetMemHandle", &rt->IpcGetMemHandle, &missing) &&
             BindSymbol(handle, "cudaIpcOpenMemHandle", &rt->IpcOpenMemHandle, &missing) &&
             BindSymbol(handle, "cudaIpcCloseMemHandle", &rt->IpcCloseMemHandle, &missing) &&
@@ -57,12 +59,15 @@ std::shared_ptr<const CudaRuntime> FromHandle(void* handle, const std::string& l
             BindSymbol(handle, "cudaStreamDestroy", &rt->StreamDestroy, &missing) &&
             BindSymbol(handle, "cudaStreamWaitEvent", &rt->StreamWaitEvent, &missing) &&
             BindSymbol(handle, "cudaStreamSynchronize", &rt->StreamSynchronize, &missing) &&
+            BindSymbol(handle, "cudaStreamQuery", &rt->StreamQuery, &missing) &&
             BindSymbol(handle, "cudaMemcpyAsync", &rt->MemcpyAsync, &missing) &&
             BindSymbol(handle, "cudaMalloc", &rt->Malloc, &missing) &&
             BindSymbol(handle, "cudaFree", &rt->Free, &missing) &&
             BindSymbol(handle, "cudaMemsetAsync", &rt->MemsetAsync, &missing) &&
             BindSymbol(handle, "cudaHostRegister", &rt->HostRegister, &missing) &&
             BindSymbol(handle, "cudaHostUnregister", &rt->HostUnregister, &missing) &&
+            BindSymbol(handle, "cudaMallocHost", &rt->MallocHost, &missing) &&
+            BindSymbol(handle, "cudaFreeHost", &rt->FreeHost, &missing) &&
             BindSymbol(handle, "cudaGetErrorName", &rt->GetErrorName, &missing) &&
             BindSymbol(handle, "cudaGetErrorString", &rt->GetErrorString, &missing);
   if (!ok) {

@@ -1,9 +1,10 @@
 // CudaRuntime: the CUDA runtime functions sparsync needs, resolved at run time with dlopen/dlsym:
-// the project's one binding of the CUDA runtime. The daemon's device path (daemon/device/) and
-// the client library (shims/client/cuda_buffer.h, which compiles this file on its own: it has no
-// other dependency than libdl) use it; neither links libcudart, so a CPU-only build and a
-// CPU-only machine are unaffected, and a process that already loaded the runtime (PyTorch)
-// shares it. CUDA errors become Status values in one place of the daemon, cuda_status.h.
+// the project's one binding of the CUDA runtime. The daemon's device path (daemon/device/), its
+// NCCL transport (daemon/transport/nccl/) and the client library (shims/client/cuda_buffer.h,
+// which compiles this file on its own: it has no other dependency than libdl) use it; none links
+// libcudart, so a CPU-only build and a CPU-only machine are unaffected, and a process that
+// already loaded the runtime (PyTorch) shares it. CUDA errors become Status values in one place
+// of the daemon, cuda_status.h.
 //
 // The types below mirror cuda_runtime_api.h so that this header builds without the CUDA toolkit;
 // cuda_runtime_check.cc holds them against the real header wherever the toolkit is installed.
@@ -29,6 +30,7 @@ inline constexpr CudaError kCudaErrorMemoryAllocation = 2;    // cudaErrorMemory
 inline constexpr CudaError kCudaErrorInsufficientDriver = 35;  // cudaErrorInsufficientDriver
 inline constexpr CudaError kCudaErrorNoDevice = 100;           // cudaErrorNoDevice
 inline constexpr CudaError kCudaErrorInvalidDevice = 101;      // cudaErrorInvalidDevice
+inline constexpr CudaError kCudaErrorNotReady = 600;           // cudaErrorNotReady
 inline constexpr unsigned kCudaEventDisableTiming = 0x02;          // cudaEventDisableTiming
 inline constexpr unsigned kCudaEventInterprocess = 0x04;           // cudaEventInterprocess
 inline constexpr unsigned kCudaIpcMemLazyEnablePeerAccess = 0x01;  // cudaIpcMemLazyEnablePeerAccess
@@ -42,8 +44,12 @@ inline constexpr unsigned kCudaHostRegisterPortable = 0x01;        // cudaHostRe
 struct CudaRuntime {
   std::string library;  // the file the functions came from, for messages
 
+  CudaError (*GetDeviceCount)(int* count);
   CudaError (*SetDevice)(int device);
   CudaError (*GetDevice)(int* device);
+  // Returns the calling thread's last error and resets it, so that a failed probe (no device)
+  // is not reported again by a later, unrelated check.
+  CudaError (*GetLastError)();
   CudaError (*IpcGetMemHandle)(CudaIpcHandle* handle, void* allocation_base);
   CudaError (*IpcOpenMemHandle)(void** allocation_base, CudaIpcHandle handle, unsigned flags);
   CudaError (*IpcCloseMemHandle)(void* allocation_base);
@@ -57,6 +63,8 @@ struct CudaRuntime {
   CudaError (*StreamDestroy)(CudaStream stream);
   CudaError (*StreamWaitEvent)(CudaStream stream, CudaEvent event, unsigned flags);
   CudaError (*StreamSynchronize)(CudaStream stream);
+  // kCudaSuccess once the stream has drained, kCudaErrorNotReady while work is pending.
+  CudaError (*StreamQuery)(CudaStream stream);
   CudaError (*MemcpyAsync)(void* dst, const void* src, size_t bytes, int kind, CudaStream stream);
   // The daemon's own device buffers (the device reduce paths).
   CudaError (*Malloc)(void** ptr, size_t bytes);
@@ -65,6 +73,9 @@ struct CudaRuntime {
   // Page-locks host memory so that copies to and from it run at full speed, asynchronously.
   CudaError (*HostRegister)(void* ptr, size_t bytes, unsigned flags);
   CudaError (*HostUnregister)(void* ptr);
+  // Page-locked host memory of the runtime's own (the NCCL transport's staging).
+  CudaError (*MallocHost)(void** ptr, size_t bytes);
+  CudaError (*FreeHost)(void* ptr);
   const char* (*GetErrorName)(CudaError error);
   const char* (*GetErrorString)(CudaError error);
   // The driver's cuMemGetAddressRange (CUresult, 0 on success): the base and size of the

@@ -14,7 +14,8 @@ static_assert(sizeof(cudaError_t) == sizeof(CudaError) && kCudaSuccess == cudaSu
 static_assert(kCudaErrorMemoryAllocation == cudaErrorMemoryAllocation &&
               kCudaErrorInsufficientDriver == cudaErrorInsufficientDriver &&
               kCudaErrorNoDevice == cudaErrorNoDevice &&
-              kCudaErrorInvalidDevice == cudaErrorInvalidDevice);
+              kCudaErrorInvalidDevice == cudaErrorInvalidDevice &&
+              kCudaErrorNotReady == cudaErrorNotReady);
 static_assert(std::is_same_v<cudaStream_t, CUstream_st*> &&
               sizeof(cudaStream_t) == sizeof(CudaStream));
 static_assert(sizeof(cudaEvent_t) == sizeof(CudaEvent));

@@ -7,9 +7,11 @@ Status CudaStatus(const CudaRuntime& rt, CudaError error, const std::string& wha
   const std::string message = rt.Describe(error, what);
   switch (error) {
     case kCudaErrorNoDevice:
+      return Unavailable(message + "; this machine has no usable CUDA device");
     case kCudaErrorInsufficientDriver:
+      return Unavailable(message + "; the NVIDIA driver is missing or older than " + rt.library);
     case kCudaErrorInvalidDevice:
-      return Unavailable(message);
+      return Unavailable(message + "; check CUDA_VISIBLE_DEVICES");
     case kCudaErrorMemoryAllocation:
       return Unavailable(message + "; the GPU is out of memory");
     default:

@@ -137,7 +137,27 @@ Status ValidateRegister(const sparsync_register_msg& r) {
   return ValidateMemory(r);
 }
 
+Status ValidateTimeline(const sparsync_timeline_msg& t) {
+  if (t.start > 1) return InvalidArgument("TIMELINE start must be 0 or 1");
+  if (t.start == 0) {
+    if (t.path_len != 0) return InvalidArgument("TIMELINE stop carries no path");
+    return Status::Ok();
+  }
+  if (t.path_len == 0 || t.path_len > SPARSYNC_MAX_PATH_BYTES) {
+    return InvalidArgument("timeline path length " + std::to_string(t.path_len) +
+                           " is not in [1, " + std::to_string(SPARSYNC_MAX_PATH_BYTES) + "]");
+  }
+  if (std::memchr(t.path, '\0', t.path_len) != nullptr) {
+    return InvalidArgument("the timeline path contains a NUL byte");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+std::string TimelinePath(const sparsync_timeline_msg& msg) {
+  return std::string(msg.path, std::min<size_t>(msg.path_len, sizeof(msg.path)));
+}
 
 Result<TensorMeta> MetaOf(const sparsync_register_msg& r) {
   TensorMeta m;
@@ -197,6 +217,12 @@ Result<Message> Decode(const void* data, size_t size, int num_fds) {
     }
     case SPARSYNC_MSG_UNREGISTER: return Exact<sparsync_unregister_msg>(data, size, "UNREGISTER");
     case SPARSYNC_MSG_GOODBYE: return Exact<sparsync_goodbye>(data, size, "GOODBYE");
+    case SPARSYNC_MSG_TIMELINE: {
+      auto m = Exact<sparsync_timeline_msg>(data, size, "TIMELINE");
+      if (!m.ok()) return m;
+      SPARSYNC_RETURN_IF_ERROR(ValidateTimeline(std::get<sparsync_timeline_msg>(*m)));
+      return m;
+    }
     default:
       return InvalidArgument("message type " + std::to_string(h.type) +
                              " is not one a worker may send");

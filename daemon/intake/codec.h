@@ -17,7 +17,7 @@ namespace sparsync::intake {
 inline constexpr uint64_t kMaxTensorBytes = 1ull << 40;  // 1 TiB: a safe upper bound on numel
 
 using Message = std::variant<sparsync_hello, sparsync_register_msg, sparsync_ready,
-                             sparsync_unregister_msg, sparsync_goodbye>;
+                             sparsync_unregister_msg, sparsync_goodbye, sparsync_timeline_msg>;
 
 // Decodes one datagram a worker sent. `num_fds`: descriptors that came with it (workers never
 // send any). Errors say what is wrong in words a shim author can act on.
@@ -26,6 +26,9 @@ Result<Message> Decode(const void* data, size_t size, int num_fds);
 // The daemon's view of a REGISTER that Decode accepted: the wire numbers become the daemon's
 // types here, at the intake edge (common/tensor_meta.h).
 Result<TensorMeta> MetaOf(const sparsync_register_msg& msg);
+
+// The file a TIMELINE that Decode accepted names ("" to stop).
+std::string TimelinePath(const sparsync_timeline_msg& msg);
 
 // Element size of a wire dtype, 0 if unknown.
 size_t WireDTypeSize(uint32_t dtype);

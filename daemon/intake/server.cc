@@ -132,8 +132,11 @@ void IntakeServer::Accept() {
   while (true) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        spdlog::warn("accept on {}: {}", socket_path_, std::strerror(errno));
+      const int err = errno;
+      uint64_t held_back = 0;
+      if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR && accept_log_.Allow(&held_back)) {
+        spdlog::warn("accept on {}: {} ({} more since the last)", socket_path_, std::strerror(err),
+                     held_back);
       }
       return;
     }
@@ -149,6 +152,12 @@ void IntakeServer::Accept() {
   }
 }
 
+void IntakeHandler::OnTimeline(const std::shared_ptr<WorkerSession>&,
+                               const sparsync_timeline_msg&, sparsync_timeline_reply* reply) {
+  reply->status = SPARSYNC_ERR_UNAVAILABLE;
+  CopyMessage(reply->message, "this daemon records no timeline");
+}
+
 void IntakeServer::Close(int fd, const Status& reason) {
   auto it = sessions_.find(fd);
   if (it == sessions_.end()) return;
@@ -158,8 +167,16 @@ void IntakeServer::Close(int fd, const Status& reason) {
   session->Shutdown();
   if (!reason.ok() && session->greeted) {
     spdlog::warn("closing the connection of {}: {}", session->Describe(node_rank_), reason.message());
+  } else if (!reason.ok() && reason.code() == StatusCode::kUnavailable) {
+    // Connected and left before saying anything: another daemon probing the socket at start-up.
+    spdlog::debug("a connection closed before its handshake: {}", reason.message());
   } else if (!reason.ok()) {
-    spdlog::info("closing a connection before its handshake: {}", reason.message());
+    // Refused before the handshake (a wrong token, another program): can repeat without bound.
+    uint64_t held_back = 0;
+    if (refused_log_.Allow(&held_back)) {
+      spdlog::warn("refused a connection before its handshake: {}{}", reason.message(),
+                   held_back ? " (and " + std::to_string(held_back) + " more since the last)" : "");
+    }
   }
   if (session->greeted) handler_->OnDisconnect(session, reason);
 }
@@ -254,6 +271,14 @@ void IntakeServer::HandleReadable(int fd) {
   if (auto* unreg = std::get_if<sparsync_unregister_msg>(&m)) {
     Status st = handler_->OnUnregister(session, *unreg);
     if (!st.ok()) Close(fd, st.WithContext("protocol violation"));
+    return;
+  }
+  if (auto* timeline = std::get_if<sparsync_timeline_msg>(&m)) {
+    sparsync_timeline_reply reply{};
+    FillHeader(&reply.header, SPARSYNC_MSG_TIMELINE_REPLY, sizeof(reply));
+    handler_->OnTimeline(session, *timeline, &reply);
+    Status sent = session->Send(&reply, sizeof(reply));
+    if (!sent.ok()) Close(fd, sent);
     return;
   }
   if (std::holds_alternative<sparsync_goodbye>(m)) {

@@ -10,6 +10,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "daemon/common/logging.h"
 #include "daemon/intake/codec.h"
 #include "daemon/intake/session.h"
 #include "daemon/intake/shared_region.h"
@@ -31,6 +32,10 @@ class IntakeHandler {
   virtual Status OnReady(const std::shared_ptr<WorkerSession>& session, const sparsync_ready& msg) = 0;
   virtual Status OnUnregister(const std::shared_ptr<WorkerSession>& session,
                               const sparsync_unregister_msg& msg) = 0;
+  // Fills `reply`'s status and message: the timeline started or stopped, or why not. By default
+  // it is refused (a handler without a timeline).
+  virtual void OnTimeline(const std::shared_ptr<WorkerSession>& session,
+                          const sparsync_timeline_msg& msg, sparsync_timeline_reply* reply);
   // The connection is gone: `reason` is OK after GOODBYE, else why it closed.
   virtual void OnDisconnect(const std::shared_ptr<WorkerSession>& session, const Status& reason) = 0;
 };
@@ -62,6 +67,8 @@ class IntakeServer {
   int wake_fd_ = -1;  // eventfd that interrupts epoll_wait on Stop
   std::atomic<bool> stopping_{false};
   std::unordered_map<int, std::shared_ptr<WorkerSession>> sessions_;
+  LogLimiter refused_log_;  // connections refused before their handshake
+  LogLimiter accept_log_;
   std::thread thread_;
 };
 

@@ -53,6 +53,7 @@ void WorkerHandler::OnHello(const std::shared_ptr<WorkerSession>& session,
   session->local_rank = hello.local_rank;
   session->pid = hello.pid;
   workers_[hello.local_rank] = session;
+  connected_.fetch_add(1, std::memory_order_relaxed);
   reply->status = SPARSYNC_OK;
   reply->node_rank = world_.node_rank;
   reply->num_nodes = world_.num_nodes;
@@ -60,7 +61,7 @@ void WorkerHandler::OnHello(const std::shared_ptr<WorkerSession>& session,
   reply->local_size = world_.local_size;
   reply->rank = world_.node_rank * world_.local_size + hello.local_rank;
   reply->size = world_.size();
-  spdlog::info("{} connected (global rank {})", session->Describe(world_.node_rank), reply->rank);
+  spdlog::debug("{} connected (global rank {})", session->Describe(world_.node_rank), reply->rank);
 }
 
 void WorkerHandler::OnRegister(const std::shared_ptr<WorkerSession>& session,
@@ -158,8 +159,9 @@ void WorkerHandler::OnDisconnect(const std::shared_ptr<WorkerSession>& session,
                                  const Status& reason) {
   const pipeline::TensorTable::Departure left = table_->Leave(session);
   if (workers_[session->local_rank].lock() == session) workers_[session->local_rank].reset();
+  connected_.fetch_sub(1, std::memory_order_relaxed);
   if (reason.ok() && !left.had_posted) {
-    spdlog::info("{} said goodbye", session->Describe(world_.node_rank));
+    spdlog::debug("{} said goodbye", session->Describe(world_.node_rank));
     return;
   }
   if (!reason.ok() && !left.had_tensors && !left.had_posted) return;  // never took part
@@ -169,6 +171,17 @@ void WorkerHandler::OnDisconnect(const std::shared_ptr<WorkerSession>& session,
                      ? Aborted(reason.message())
                      : Aborted(who + ": " + reason.message());
   failure_->Fail(error, JobFailure::Source::kLocal);
+}
+
+void WorkerHandler::OnTimeline(const std::shared_ptr<WorkerSession>& session,
+                               const sparsync_timeline_msg& msg, sparsync_timeline_reply* reply) {
+  Status st = timeline_ ? timeline_(TimelinePath(msg))
+                        : Unavailable("this daemon records no timeline");
+  if (!st.ok()) {
+    spdlog::warn("timeline requested by {}: {}", session->Describe(world_.node_rank), st.message());
+  }
+  reply->status = WireStatus(st);
+  CopyMessage(reply->message, st.message());
 }
 
 void WorkerHandler::OnFailure(const Status& error, JobFailure::Source source) {

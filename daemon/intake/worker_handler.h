@@ -13,6 +13,7 @@
 // staging callbacks may come from any thread and touch only the table (thread-safe).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -42,9 +43,18 @@ class WorkerHandler : public IntakeHandler {
   Status OnUnregister(const std::shared_ptr<WorkerSession>& session,
                       const sparsync_unregister_msg& msg) override;
   void OnDisconnect(const std::shared_ptr<WorkerSession>& session, const Status& reason) override;
+  void OnTimeline(const std::shared_ptr<WorkerSession>& session, const sparsync_timeline_msg& msg,
+                  sparsync_timeline_reply* reply) override;
 
   // The JobFailure observer: answers every pending collective with `error`.
   void OnFailure(const Status& error, JobFailure::Source source);
+
+  // What a worker's TIMELINE does: start recording into a path, or stop (""), on the intake
+  // thread. Without one, TIMELINE is refused. REQUIRES: before the intake server starts.
+  using TimelineFn = std::function<Status(const std::string& path)>;
+  void SetTimelineControl(TimelineFn control) { timeline_ = std::move(control); }
+  // Workers that said HELLO and have not left (any thread).
+  int connected_workers() const { return connected_.load(std::memory_order_relaxed); }
 
  private:
   // The node's sum of a round with CUDA parts is formed; report it unless it failed meanwhile.
@@ -58,6 +68,8 @@ class WorkerHandler : public IntakeHandler {
   device::DeviceIntake* const device_;
   const ReportFn report_;
   std::vector<std::weak_ptr<WorkerSession>> workers_;  // by local rank; intake thread only
+  std::atomic<int> connected_{0};
+  TimelineFn timeline_;
 };
 
 }  // namespace sparsync::intake

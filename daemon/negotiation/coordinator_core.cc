@@ -69,8 +69,18 @@ void CoordinatorCore::RunOnce() {
     notes = state_.TakeLog();
   }
   if (after != before) changed_.notify_all();
-  for (const auto& w : warnings) spdlog::warn("stall: {}", w);
-  for (const auto& n : notes) spdlog::info("planner: {}", n);
+  for (const auto& w : warnings) {
+    spdlog::warn("stall: {}", w);
+    if (observer_) observer_->OnIncident(observe::Incident::kStall, w);
+  }
+  Note(notes);
+}
+
+void CoordinatorCore::Note(const std::vector<std::string>& notes) {
+  for (const auto& n : notes) {
+    spdlog::info("planner: {}", n);
+    if (observer_) observer_->OnIncident(observe::Incident::kPlannerNote, n);
+  }
 }
 
 Status CoordinatorCore::Join(const JoinInfo& info, std::chrono::milliseconds timeout) {
@@ -154,7 +164,7 @@ Result<std::vector<uint32_t>> CoordinatorCore::Report(int node,
     result = state_.Report(node, new_tensors, ready, Clock::now());
     notes = state_.TakeLog();
   }
-  for (const auto& n : notes) spdlog::info("planner: {}", n);
+  Note(notes);
   // Wake pollers for new entries, and the timer for a new batch deadline.
   changed_.notify_all();
   return result;

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "daemon/negotiation/coordinator_link.h"
+#include "daemon/observe/observer.h"
 
 namespace sparsync::negotiation {
 
@@ -45,7 +46,14 @@ class CoordinatorCore : public CoordinatorLink {
   // One pass of the timer: flush due batches, log stalls. Public for tests.
   void RunOnce();
 
+  // Who hears of the planner's notes and of stalls besides the log (the timeline, the metrics);
+  // outlives the core. REQUIRES: before Start.
+  void SetObserver(observe::Observer* observer) { observer_ = observer; }
+
  private:
+  // Logs the planner's notes (each plan once, on node 0) and tells the observer.
+  void Note(const std::vector<std::string>& notes);
+
   const CoordinatorOptions options_;
   const int local_size_;
   const std::string job_token_;
@@ -59,6 +67,7 @@ class CoordinatorCore : public CoordinatorLink {
   std::map<std::string, std::string> store_;
   bool stopping_ = false;
   std::thread timer_;
+  observe::Observer* observer_ = nullptr;
 };
 
 }  // namespace sparsync::negotiation

@@ -5,15 +5,21 @@
 namespace sparsync::negotiation {
 namespace {
 constexpr auto kPollWait = std::chrono::milliseconds(500);
+
+int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
 }
+}  // namespace
 
 NodeAgent::NodeAgent(CoordinatorLink* link, int node_rank, bool direct, JobFailure* failure,
-                     std::chrono::milliseconds give_up_after)
+                     std::chrono::milliseconds give_up_after, observe::Observer* observer)
     : link_(link),
       node_rank_(node_rank),
       direct_(direct),
       failure_(failure),
-      give_up_after_(give_up_after) {}
+      give_up_after_(give_up_after),
+      observer_(observer) {}
 
 NodeAgent::~NodeAgent() { Stop(); }
 
@@ -127,9 +133,11 @@ void NodeAgent::PollLoop() {
       continue;
     }
     failing = false;
+    const int64_t received_ns = SteadyNs();
     for (auto& e : *entries) {
       if (e.seq <= received_seq_) continue;
       received_seq_ = e.seq;
+      e.received_ns = received_ns;
       inbox_.push_back(std::move(e));
     }
     if (!entries->empty()) cv_.notify_all();
@@ -180,10 +188,15 @@ std::vector<ScheduleEntry> NodeAgent::FollowPlans(std::vector<ScheduleEntry> ent
   out.reserve(entries.size());
   for (ScheduleEntry& e : entries) {
     if (e.plan) {
-      spdlog::info("following merge plan v{} ({}) from step {}: {} groups, predicted {:.2f} ms",
-                   e.plan->version, e.plan->planner, e.plan->effective_step,
-                   e.plan->groups.size(), e.plan->predicted_s * 1e3);
+      // Node 0's planner logs each plan once at info (coordinator_core.cc).
+      spdlog::debug("following merge plan v{} ({}) from step {}: {} groups, predicted {:.2f} ms",
+                    e.plan->version, e.plan->planner, e.plan->effective_step,
+                    e.plan->groups.size(), e.plan->predicted_s * 1e3);
       plan_ = *e.plan;
+      if (observer_) {
+        observer_->OnPlan({plan_->version, plan_->effective_step, plan_->planner,
+                           plan_->groups.size(), plan_->predicted_s, plan_->summary});
+      }
       continue;
     }
     if (e.plan_version != 0 && e.fatal.ok()) {
@@ -223,9 +236,11 @@ std::vector<ScheduleEntry> NodeAgent::Receive(std::chrono::milliseconds wait) {
     auto entries = link_->Poll(node_rank_, after, wait);
     if (!entries.ok()) return out;
     std::lock_guard lock(mu_);
+    const int64_t received_ns = SteadyNs();
     for (auto& e : *entries) {
       if (e.seq <= received_seq_) continue;
       received_seq_ = e.seq;
+      e.received_ns = received_ns;
       out.push_back(std::move(e));
     }
     return out;

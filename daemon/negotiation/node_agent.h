@@ -25,6 +25,7 @@
 
 #include "daemon/common/job_failure.h"
 #include "daemon/negotiation/coordinator_link.h"
+#include "daemon/observe/observer.h"
 
 namespace sparsync::negotiation {
 
@@ -32,8 +33,9 @@ class NodeAgent {
  public:
   // `direct`: the link is in-process (node 0): report and poll without helper threads.
   // `give_up_after`: how long the coordinator may be unreachable before the job fails here.
+  // `observer` (may be null; outlives the agent) hears of each plan as it reaches the executor.
   NodeAgent(CoordinatorLink* link, int node_rank, bool direct, JobFailure* failure,
-            std::chrono::milliseconds give_up_after);
+            std::chrono::milliseconds give_up_after, observe::Observer* observer = nullptr);
   ~NodeAgent();
 
   void Start();
@@ -65,6 +67,7 @@ class NodeAgent {
   const bool direct_;
   JobFailure* const failure_;
   const std::chrono::milliseconds give_up_after_;
+  observe::Observer* const observer_;
 
   std::mutex mu_;
   std::condition_variable cv_;  // outbox_, inbox_, the slot maps or stopping_ changed

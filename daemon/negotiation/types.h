@@ -53,6 +53,7 @@ struct ScheduleEntry {
   std::shared_ptr<const PlanInfo> plan;
   uint32_t plan_version = 0;       // the plan this group belongs to (0: none)
   uint32_t group_index = 0;        // its index in that plan
+  int64_t received_ns = 0;         // steady clock when this node's agent received it
 };
 
 }  // namespace sparsync::negotiation

@@ -31,6 +31,9 @@ struct Executor::Slot {
   std::vector<std::unique_ptr<ReducePath::Scratch>> scratch;  // by path index
   std::chrono::steady_clock::time_point started;
   GroupCost cost;  // sparsify_s filled by stage A, the rest by B
+  // For the observer (steady ns, 0: the stage did not run): stage A's, then stage B's.
+  int64_t received_ns = 0, prepare_begin_ns = 0, prepare_end_ns = 0;
+  int64_t exchange_begin_ns = 0, exchange_end_ns = 0, deliver_end_ns = 0;
 
   ReducePath::Scratch& ScratchOf(size_t i, const ReducePath& p) {
     if (!scratch[i]) scratch[i] = p.NewScratch();
@@ -138,6 +141,10 @@ void Executor::Prepare(const negotiation::ScheduleEntry& entry, Slot* slot) {
     if (sparse_) sparse_->Forget(name);
   }
   slot->started = std::chrono::steady_clock::now();
+  slot->received_ns = entry.received_ns;
+  slot->prepare_begin_ns = NowNs();
+  slot->prepare_end_ns = slot->exchange_begin_ns = slot->exchange_end_ns = 0;
+  slot->deliver_end_ns = 0;
   slot->path = nullptr;
   slot->cost = {};
   slot->cost.plan_version = entry.plan_version;
@@ -147,6 +154,7 @@ void Executor::Prepare(const negotiation::ScheduleEntry& entry, Slot* slot) {
   for (const GroupMember& m : slot->group.members) begin_ns = std::max(begin_ns, m.ready_ns);
   slot->error = ChoosePath(slot);
   prepare_free_ns_ = NowNs();
+  slot->prepare_end_ns = prepare_free_ns_;
   if (begin_ns > 0) slot->cost.sparsify_s = std::max<int64_t>(0, prepare_free_ns_ - begin_ns) * 1e-9;
 }
 
@@ -210,15 +218,19 @@ void Executor::Complete(Slot* slot) {
   if (failure_->failed()) return;  // every pending tensor was failed with the first error
   if (!slot->error.ok()) {
     OnError(slot->error);
+    Notify(*slot, /*done=*/true);
     return;
   }
   if (options_.on_exchange) options_.on_exchange(slot->group.seq);
-  const int64_t exchange_begin_ns = NowNs();
+  slot->exchange_begin_ns = NowNs();
+  Notify(*slot, /*done=*/false);
   Group& group = slot->group;
   ReducePath::Scratch& scratch = slot->ScratchOf(slot->path_index, *slot->path);
   Status st = slot->path->Exchange(group, scratch, &tag_);
+  slot->exchange_end_ns = NowNs();
   if (!st.ok()) {
     OnError(st);
+    Notify(*slot, /*done=*/true);
     return;
   }
   spdlog::debug(
@@ -229,14 +241,47 @@ void Executor::Complete(Slot* slot) {
   for (const GroupMember* m : table_->Finish(group.members)) {
     slot->path->Deliver(*m, group, scratch);
   }
+  slot->deliver_end_ns = NowNs();
+  Notify(*slot, /*done=*/true);
   if (group.op == CollectiveOp::kGradient) {
     GroupCost& cost = slot->cost;
     cost.elements = group.elements;
     cost.sparse = group.reducer != nullptr;
-    cost.exchange_s = std::max<int64_t>(0, NowNs() - exchange_begin_ns) * 1e-9;
+    cost.exchange_s = std::max<int64_t>(0, slot->deliver_end_ns - slot->exchange_begin_ns) * 1e-9;
     spdlog::debug("group cost: {} elements ({}), t_s {:.3f} ms, t_c {:.3f} ms", cost.elements,
                   cost.sparse ? "sparse" : "dense", cost.sparsify_s * 1e3, cost.exchange_s * 1e3);
     if (options_.on_group_cost) options_.on_group_cost(cost);
+  }
+}
+
+void Executor::Notify(const Slot& slot, bool done) {
+  observe::Observer* observer = options_.observer;
+  if (!observer || slot.group.members.empty()) return;
+  const Group& group = slot.group;
+  observed_.clear();
+  for (const GroupMember& m : group.members) observed_.push_back({&m.meta.name, m.ready_ns});
+  observe::GroupView view;
+  view.seq = group.seq;
+  view.op = group.op;
+  view.path = slot.path ? slot.path->name() : "";
+  view.sparse = group.reducer != nullptr;
+  view.step = group.step;
+  view.plan_version = slot.cost.plan_version;
+  view.elements = group.elements;
+  view.dense_bytes =
+      group.elements * transport::ElementSize(AccumulatorType(group.members.front().meta.dtype));
+  view.tensors = observed_;
+  view.received_ns = slot.received_ns;
+  view.prepare_begin_ns = slot.prepare_begin_ns;
+  view.prepare_end_ns = slot.prepare_end_ns;
+  view.exchange_begin_ns = slot.exchange_begin_ns;
+  view.exchange_end_ns = slot.exchange_end_ns;
+  view.deliver_end_ns = slot.deliver_end_ns;
+  view.ok = slot.error.ok() && slot.deliver_end_ns > 0;
+  if (done) {
+    observer->OnGroup(view);
+  } else {
+    observer->OnExchange(view);
   }
 }
 

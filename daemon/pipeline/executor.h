@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "daemon/common/job_failure.h"
+#include "daemon/observe/observer.h"
 #include "daemon/pipeline/reduce_path.h"
 #include "daemon/pipeline/sparse_reducer.h"
 #include "daemon/pipeline/tensor_table.h"
@@ -63,6 +64,9 @@ struct ExecutorOptions {
   std::function<void(uint64_t seq)> on_exchange;
   // Called on stage B's thread after the DONE messages of every reduced gradient group.
   std::function<void(const GroupCost&)> on_group_cost;
+  // The timeline and the metrics (observe/observer.h), told about every entry on stage B: before
+  // its transport calls and when it is done. Null: none. Outlives the executor.
+  observe::Observer* observer = nullptr;
 };
 
 class Executor {
@@ -98,6 +102,8 @@ class Executor {
   // Stage B.
   void ExchangeLoop();
   void Complete(Slot* slot);
+  // Tells the observer about the slot's entry: before its exchange, or once it is done.
+  void Notify(const Slot& slot, bool done);
   // Failures.
   void OnFatal(const Status& fatal);
   void OnError(const Status& error);
@@ -118,6 +124,7 @@ class Executor {
   uint32_t tag_ = 0;             // stage B only
   bool prepare_failed_ = false;  // stage A only: an error entry was handed off
   int64_t prepare_free_ns_ = 0;  // stage A only: when it finished its previous entry
+  std::vector<observe::TensorView> observed_;  // stage B only: Notify's members
 
   std::vector<std::unique_ptr<Slot>> slots_;  // depth + 1, plus one for Execute()
   std::mutex mu_;

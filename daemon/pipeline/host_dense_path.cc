@@ -1,3 +1,5 @@
+#include <vector>
+
 #include "daemon/pipeline/delivery.h"
 #include "daemon/pipeline/dense_math.h"
 #include "daemon/pipeline/host_paths.h"
@@ -6,7 +8,17 @@
 namespace sparsync::pipeline {
 namespace {
 
-// Any dense reduction: the local sum side by side in the slot's buffer, one allreduce of it.
+// A member this large whose node sum is one region in its own accumulator type is allreduced in
+// that region: copying it into the fusion buffer and back would cost more than its own call's
+// start-up. Smaller members are packed side by side and reduced with one call.
+constexpr size_t kOwnRegionBytes = size_t{1} << 20;
+
+bool ReducedInItsRegion(const GroupMember& m) {
+  return m.num_inputs() == 1 && AccumulatesInPlace(m.meta.dtype) && m.meta.Bytes() >= kOwnRegionBytes;
+}
+
+// Any dense reduction: large members in their own regions, the rest packed into the slot's
+// buffer and reduced with one allreduce.
 class HostDensePath final : public ReducePath {
  public:
   explicit HostDensePath(transport::Transport* transport)
@@ -19,26 +31,68 @@ class HostDensePath final : public ReducePath {
   std::unique_ptr<Scratch> NewScratch() const override { return std::make_unique<Fusion>(); }
 
   Status Prepare(Group& group, Scratch& scratch, bool*) override {
+    auto& f = static_cast<Fusion&>(scratch);
     SPARSYNC_RETURN_IF_ERROR(StageToHost(group));
-    SumMembers(group, &static_cast<Fusion&>(scratch).buffer);
+    f.packed.clear();
+    f.own.clear();
+    size_t packed_elements = 0;
+    for (size_t i = 0; i < group.members.size(); ++i) {
+      if (ReducedInItsRegion(group.members[i])) {
+        f.own.push_back(i);
+      } else {
+        f.packed.push_back({i, packed_elements});
+        packed_elements += group.slices[i].count;
+      }
+    }
+    if (f.packed.empty()) return Status::Ok();
+    const DType dtype = group.members.front().meta.dtype;
+    const size_t acc_size = transport::ElementSize(AccumulatorType(dtype));
+    f.elements = packed_elements;
+    if (f.buffer.size() < packed_elements * acc_size) f.buffer.resize(packed_elements * acc_size);
+    std::vector<const void*> inputs;
+    for (const auto& [i, offset] : f.packed) {
+      const GroupMember& m = group.members[i];
+      inputs.clear();
+      // Parts summed on the node's GPUs arrive as one input.
+      for (size_t r = 0; r < m.num_inputs(); ++r) inputs.push_back(m.parts[r].region->data());
+      SumInto(f.buffer.data() + offset * acc_size, inputs, group.slices[i].count, dtype);
+    }
     return Status::Ok();
   }
 
   Status Exchange(Group& group, Scratch& scratch, uint32_t* tag) override {
-    std::vector<char>& fusion = static_cast<Fusion&>(scratch).buffer;
+    auto& f = static_cast<Fusion&>(scratch);
     const DType dtype = group.members.front().meta.dtype;
-    SPARSYNC_RETURN_IF_ERROR(
-        transport_->AllReduceSum(fusion.data(), group.elements, AccumulatorType(dtype), (*tag)++));
-    WriteBackMembers(group, fusion.data(), group.divisor);
+    const transport::ElementType acc_type = AccumulatorType(dtype);
+    if (!f.packed.empty()) {
+      SPARSYNC_RETURN_IF_ERROR(
+          transport_->AllReduceSum(f.buffer.data(), f.elements, acc_type, (*tag)++));
+      const size_t acc_size = transport::ElementSize(acc_type);
+      for (const auto& [i, offset] : f.packed) {
+        const GroupMember& m = group.members[i];
+        for (size_t r = 0; r < m.num_inputs(); ++r) {
+          WriteBack(f.buffer.data() + offset * acc_size, group.slices[i].count, group.divisor,
+                    m.parts[r].region->data(), dtype);
+        }
+      }
+    }
+    for (size_t i : f.own) {
+      void* data = group.members[i].parts[0].region->data();
+      const size_t count = group.slices[i].count;
+      SPARSYNC_RETURN_IF_ERROR(transport_->AllReduceSum(data, count, acc_type, (*tag)++));
+      DivideInPlace(data, count, group.divisor, dtype);
+    }
     return Status::Ok();
   }
 
   void Deliver(const GroupMember& member, Group&, Scratch&) override { DeliverFromHost(member); }
 
  private:
-  // The local sum in the accumulator type; Exchange leaves the result in it.
   struct Fusion : Scratch {
-    std::vector<char> buffer;
+    std::vector<char> buffer;  // the packed members' local sum, then their result
+    size_t elements = 0;       // of the packed members
+    std::vector<std::pair<size_t, size_t>> packed;  // (member, element offset in buffer)
+    std::vector<size_t> own;                        // members reduced in their own region
   };
   transport::Transport* const transport_;
 };

@@ -3,10 +3,12 @@
 //
 //   in_place_path.cc     a dense reduction of one tensor of one worker whose dtype is its own
 //                        accumulator: the transport reduces the worker's region itself.
-//   host_sparse_path.cc  a compressed gradient group: the local sum in float32, the group's
-//                        SparseReducer (residual, selection, packing, exchange, decoding).
-//   host_dense_path.cc   any other reduction: the local workers' regions summed side by side
-//                        (in float32 for the 16-bit floats), allreduced, divided, written back.
+//   host_sparse_path.cc  a compressed gradient group: the local sum in float32 straight into the
+//                        group's SparseReducer (residual, selection, packing, exchange,
+//                        decoding), the average written back into the regions.
+//   host_dense_path.cc   any other reduction: members of 1 MiB and more whose node sum is one
+//                        region are allreduced in it; the rest are summed side by side (in
+//                        float32 for the 16-bit floats), allreduced, divided, written back.
 //   gather_path.cc       an allgather, into a fresh memfd region each worker receives.
 //   broadcast_path.cc    a broadcast from the root worker's region to every worker's.
 //

@@ -18,19 +18,26 @@ class HostSparsePath final : public ReducePath {
 
   std::unique_ptr<Scratch> NewScratch() const override { return std::make_unique<Selection>(); }
 
+  // The local sum goes straight into the reducer's work buffer (no staging copy of the group).
   Status Prepare(Group& group, Scratch& scratch, bool*) override {
     auto& s = static_cast<Selection&>(scratch);
     SPARSYNC_RETURN_IF_ERROR(StageToHost(group));
-    SumMembers(group, &s.fusion);
-    return group.reducer->Prepare(group.slices, s.group(group.elements), group.step,
-                                  group.group_id, &s.prepared);
+    s.prepared.work.resize(group.elements);
+    SumMembersInto(group, s.prepared.work.data());
+    return group.reducer->PrepareWork(group.slices, group.step, group.group_id, &s.prepared);
   }
 
+  // The reducer leaves the sum over the nodes; the write-back into the regions divides it on the
+  // way (the same float division, one pass less).
   Status Exchange(Group& group, Scratch& scratch, uint32_t* tag) override {
     auto& s = static_cast<Selection&>(scratch);
+    if (s.fusion.size() < group.elements * sizeof(float)) {
+      s.fusion.resize(group.elements * sizeof(float));
+    }
     SPARSYNC_RETURN_IF_ERROR(group.reducer->Exchange(group.slices, s.prepared,
-                                                     s.group(group.elements), group.divisor, tag));
-    WriteBackMembers(group, s.fusion.data(), /*divisor=*/1.0);  // averaged by the reducer
+                                                     s.group(group.elements), /*divisor=*/1.0,
+                                                     tag));
+    WriteBackMembers(group, s.fusion.data(), group.divisor);
     return Status::Ok();
   }
 
@@ -38,7 +45,7 @@ class HostSparsePath final : public ReducePath {
 
  private:
   struct Selection : Scratch {
-    std::vector<char> fusion;  // the local sum (float32); Exchange leaves the average in it
+    std::vector<char> fusion;  // Exchange: the decoded sum over the nodes (float32)
     PreparedGroup prepared;
     std::span<float> group(size_t elements) {
       return {reinterpret_cast<float*>(fusion.data()), elements};

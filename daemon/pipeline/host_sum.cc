@@ -14,17 +14,23 @@ Status StageToHost(Group& group) {
 }
 
 void SumMembers(const Group& group, std::vector<char>* fusion) {
+  const size_t acc_size =
+      transport::ElementSize(AccumulatorType(group.members.front().meta.dtype));
+  if (fusion->size() < group.elements * acc_size) fusion->resize(group.elements * acc_size);
+  SumMembersInto(group, fusion->data());
+}
+
+void SumMembersInto(const Group& group, void* acc) {
   const DType dtype = group.members.front().meta.dtype;
   const size_t acc_size = transport::ElementSize(AccumulatorType(dtype));
-  if (fusion->size() < group.elements * acc_size) fusion->resize(group.elements * acc_size);
   std::vector<const void*> inputs;
   for (size_t i = 0; i < group.members.size(); ++i) {
     const GroupMember& m = group.members[i];
     inputs.clear();
     // Parts summed on the node's GPUs arrive as one input.
     for (size_t r = 0; r < m.num_inputs(); ++r) inputs.push_back(m.parts[r].region->data());
-    SumInto(fusion->data() + group.slices[i].offset * acc_size, inputs, group.slices[i].count,
-            dtype);
+    SumInto(static_cast<char*>(acc) + group.slices[i].offset * acc_size, inputs,
+            group.slices[i].count, dtype);
   }
 }
 

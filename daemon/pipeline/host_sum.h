@@ -12,8 +12,10 @@ namespace sparsync::pipeline {
 // region, as the staging thread would have. Blocks for the copies.
 Status StageToHost(Group& group);
 
-// The members' local sums side by side in `fusion`, in the accumulator type of the group's dtype
-// (dense_math.h); the buffer grows as needed and keeps its capacity.
+// The members' local sums side by side in `acc`, in the accumulator type of the group's dtype
+// (dense_math.h). REQUIRES: `acc` holds group.elements accumulator elements.
+void SumMembersInto(const Group& group, void* acc);
+// SumMembersInto `fusion`, which grows as needed and keeps its capacity.
 void SumMembers(const Group& group, std::vector<char>* fusion);
 
 // Writes `acc` (the group in the accumulator type) divided by `divisor` into every member's input

@@ -65,6 +65,9 @@ Result<std::unique_ptr<SparseReducer>> SparseReducer::Create(const Config& confi
   options.density = config.density;
   options.threshold = config.threshold;
   options.shared_seed = config.compressor == Compressor::kRandomK;
+  // Without error feedback random-k sends x_i * d/k, the unbiased estimator (docs/algorithms.md
+  // §7.3); with it, x_i itself, and the residual keeps the rest.
+  options.unbiased = config.compressor == Compressor::kRandomK && !config.ErrorFeedback();
   options.warmup = false;  // the daemon does not know epochs; see the note in README
   auto sparsifier = kernels::MakeSparsifier(KernelName(config.compressor), options);
   if (!sparsifier.ok()) {
@@ -153,6 +156,13 @@ Status SparseReducer::Pack(int64_t n, bool with_delivered, PreparedGroup* prepar
 
 Status SparseReducer::Prepare(std::span<const GroupSlice> slices, std::span<const float> group,
                               uint64_t step, uint32_t group_id, PreparedGroup* prepared) {
+  prepared->work.assign(group.begin(), group.end());
+  return PrepareWork(slices, step, group_id, prepared);
+}
+
+Status SparseReducer::PrepareWork(std::span<const GroupSlice> slices, uint64_t step,
+                                  uint32_t group_id, PreparedGroup* prepared) {
+  std::span<const float> group = prepared->work;  // the local sum, before the residual
   const size_t n = group.size();
   const int64_t bad = FirstNonFinite(group);
   if (bad >= 0 && config_.nonfinite == NonFinitePolicy::kError) {
@@ -160,7 +170,6 @@ Status SparseReducer::Prepare(std::span<const GroupSlice> slices, std::span<cons
   }
   prepared->finite = bad < 0;
   prepared->nonfinite_tensor = prepared->finite ? std::string() : SliceName(slices, bad);
-  prepared->work.assign(group.begin(), group.end());
   prepared->indices.clear();
   prepared->values.clear();
   prepared->delivered.clear();

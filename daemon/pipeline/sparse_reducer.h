@@ -65,6 +65,10 @@ class SparseReducer {
   // sparsifier failure) are this node's; the caller must not start the exchange.
   Status Prepare(std::span<const GroupSlice> slices, std::span<const float> group, uint64_t step,
                  uint32_t group_id, PreparedGroup* prepared);
+  // Prepare() for a group whose local sum the caller wrote into prepared->work itself (sized to
+  // the group), saving the copy.
+  Status PrepareWork(std::span<const GroupSlice> slices, uint64_t step, uint32_t group_id,
+                     PreparedGroup* prepared);
   // Stage B: every transport call of the group, in the same order on every node. On return
   // `group` holds the decompressed sum over all nodes divided by `divisor`; the residuals of
   // `slices` are updated. `*tag` is the transport tag counter shared with the executor.

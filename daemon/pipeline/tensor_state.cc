@@ -1,6 +1,7 @@
 #include "daemon/pipeline/tensor_state.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace sparsync::pipeline {
@@ -121,6 +122,15 @@ size_t TensorState::bytes() const {
     for (const auto& [name, v] : map) total += v.size() * sizeof(float);
   }
   return total;
+}
+
+double TensorState::HostResidualNorm() const {
+  std::lock_guard lock(mu_);
+  double sum = 0;
+  for (const auto& [name, v] : state_[static_cast<int>(Kind::kResidual)]) {
+    for (float x : v) sum += static_cast<double>(x) * x;
+  }
+  return std::sqrt(sum);
 }
 
 size_t TensorState::device_bytes() const {

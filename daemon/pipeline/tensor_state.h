@@ -71,6 +71,9 @@ class TensorState {
   std::span<const float> Get(Kind kind, const std::string& name) const;
   size_t bytes() const;         // host
   size_t device_bytes() const;  // device residuals
+  // The L2 norm of every residual kept on the host (for the metrics; takes the lock for one pass
+  // over them, so it is for scrapes, not for every step).
+  double HostResidualNorm() const;
 
  private:
   std::vector<float>& Slot(Kind kind, const std::string& name, size_t count);  // REQUIRES: mu_

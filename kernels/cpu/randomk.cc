@@ -2,6 +2,7 @@
 // reference/randomk.cc, so the same set for the same seed; membership in a bitmap prepared by
 // Prepare(), and the ascending output read back from the bitmap (clearing it as it goes).
 // Shared-seed mode uses context.shared_seed: indices depend only on (shared_seed, numel, k).
+// options.unbiased scales the sent values by d/k exactly as the reference does (RandomKScaled).
 
 #include <bit>
 
@@ -38,6 +39,8 @@ class RandomK final : public CpuSparsifier {
       bits[t >> 6] |= uint64_t{1} << (t & 63);
     }
     int64_t out_k = 0;
+    const bool unbiased = options().unbiased;
+    const double scale = RandomKScale(n, k);
     const int64_t words = (n + 63) / 64;
     for (int64_t w = 0; w < words; ++w) {
       uint64_t word = bits[w];
@@ -46,7 +49,7 @@ class RandomK final : public CpuSparsifier {
         const int64_t i = w * 64 + std::countr_zero(word);
         word &= word - 1;
         out->indices[out_k] = static_cast<int32_t>(i);
-        out->values[out_k] = x[i];
+        out->values[out_k] = unbiased ? RandomKScaled(x[i], scale) : x[i];
         ++out_k;
       }
     }

@@ -108,9 +108,10 @@ Status TopKWithResidual(const float* grad, float* residual, int64_t numel, int64
                         DeviceSparse out, Workspace& ws, cudaStream_t stream);
 
 // Random-k with Floyd's algorithm, the same set as reference/randomk.cc for the same seed (pass
-// context.shared_seed for the shared-seed mode). REQUIRES: k <= ws.limits().max_k.
+// context.shared_seed for the shared-seed mode), and the same values: x_i, or with `unbiased`
+// (SparsifierOptions::unbiased) RandomKScaled(x_i, d/k). REQUIRES: k <= ws.limits().max_k.
 Status RandomK(const float* x, int64_t numel, int64_t k, uint64_t seed, DeviceSparse out,
-               Workspace& ws, cudaStream_t stream);
+               Workspace& ws, cudaStream_t stream, bool unbiased = false);
 
 // Threshold sparsification, fixed (options.threshold > 0: |x| > tau) or quantile-estimated from
 // a seeded sample (Aji & Heafield), as reference/threshold.cc.

@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kBlockThreads) CountBitmapKernel(int64_t words
 
 __global__ void __launch_bounds__(kBlockThreads)
     WriteBitmapKernel(const float* x, int64_t words, DeviceBuffers b, int32_t* out_indices,
-                      float* out_values, int64_t capacity) {
+                      float* out_values, int64_t capacity, bool unbiased, double scale) {
   __shared__ uint2 scratch[kWarps + 1];
   if (internal::InputWasBad(b.state)) return;  // set by an earlier kernel: uniform
   const int64_t tiles = (words + kBitmapTileWords - 1) / kBitmapTileWords;
@@ -155,7 +155,8 @@ __global__ void __launch_bounds__(kBlockThreads)
         const int64_t i = (first + q) * 32 + bit;
         if (pos < capacity) {
           out_indices[pos] = static_cast<int32_t>(i);
-          out_values[pos] = x[i];
+          // As RandomKScaled (kernels/sparsifier.h): one double product, one rounding.
+          out_values[pos] = unbiased ? static_cast<float>(static_cast<double>(x[i]) * scale) : x[i];
         }
         ++pos;
       }
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(kReduceBlocks)
 }  // namespace
 
 Status RandomK(const float* x, int64_t numel, int64_t k, uint64_t seed, DeviceSparse out,
-               Workspace& ws, cudaStream_t stream) {
+               Workspace& ws, cudaStream_t stream, bool unbiased) {
   constexpr const char* kWho = "cuda RandomK";
   SPARSYNC_KERNELS_RETURN_IF_ERROR(
       internal::CheckSelectionArgs(kWho, x, numel, out, numel > 0 ? k : 0, ws));
@@ -282,8 +283,8 @@ Status RandomK(const float* x, int64_t numel, int64_t k, uint64_t seed, DeviceSp
   const int bitmap_grid = internal::TileGrid(b, bitmap_tiles);
   CountBitmapKernel<<<bitmap_grid, kBlockThreads, 0, stream>>>(words, b);
   internal::LaunchScanTiles(bitmap_tiles, b, stream);
-  WriteBitmapKernel<<<bitmap_grid, kBlockThreads, 0, stream>>>(x, words, b, out.indices, out.values,
-                                                               out.capacity);
+  WriteBitmapKernel<<<bitmap_grid, kBlockThreads, 0, stream>>>(
+      x, words, b, out.indices, out.values, out.capacity, unbiased, RandomKScale(numel, k));
   return LaunchStatus(kWho);
 }
 

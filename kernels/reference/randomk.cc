@@ -1,12 +1,13 @@
 // Reference random-k: k coordinates chosen uniformly without replacement.
 //
-// Random-k as the unbiased-in-expectation baseline of Stich, Cordonnier, Jaggi, "Sparsified SGD
-// with Memory", NeurIPS 2018 (values are sent unscaled; the caller rescales by d/k if it wants an
-// unbiased estimate). The set is drawn by Floyd's algorithm (Bentley & Floyd, "A sample of
-// brilliance", CACM 1987): for j = d-k .. d-1, t = uniform{0..j}; add t, or j if t is taken.
-// Draw j uses counter j of the kRandomKIndices stream, so the set is a pure function of
-// (seed, d, k). In shared-seed mode the seed is context.shared_seed: every node picks the same
-// indices whatever its data, and a dense allreduce of the k values suffices.
+// Random-k of Stich, Cordonnier, Jaggi, "Sparsified SGD with Memory", NeurIPS 2018. Values are
+// sent unscaled (the form for error feedback), or with options.unbiased scaled by d/k, which makes
+// the estimate unbiased: each coordinate is kept with probability k/d, so E[Q(x)_i] = x_i. The
+// set is drawn by Floyd's algorithm (Bentley & Floyd, "A sample of brilliance", CACM 1987): for
+// j = d-k .. d-1, t = uniform{0..j}; add t, or j if t is taken. Draw j uses counter j of the
+// kRandomKIndices stream, so the set is a pure function of (seed, d, k). In shared-seed mode the
+// seed is context.shared_seed: every node picks the same indices whatever its data, and a dense
+// allreduce of the k values suffices.
 
 #include <set>
 
@@ -39,6 +40,10 @@ class RandomK final : public ReferenceSparsifier {
     }
     std::vector<int32_t> indices(chosen.begin(), chosen.end());
     WriteSelection(indices, x, out);
+    if (options().unbiased) {
+      const double scale = RandomKScale(d, k);
+      for (int64_t j = 0; j < out->k; ++j) out->values[j] = RandomKScaled(out->values[j], scale);
+    }
     return Status::Ok();
   }
 };

@@ -25,6 +25,8 @@
 //   shim -> UNREGISTER (tensor id) when the tensor is no longer used; no reply
 //   shim -> GOODBYE before closing; a connection that closes without it while the job runs is a
 //   worker failure and fails the job on every node.
+//   shim -> TIMELINE (start with a path, or stop)                  daemon -> TIMELINE_REPLY
+//   (hvd.start_timeline / stop_timeline: the daemon's Chrome trace, docs/operations.md)
 // Rounds count from 1 per tensor: the n-th READY of a tensor carries round n and the daemon
 // rejects anything else. Every field is validated by the daemon; a malformed message closes that
 // connection with a logged reason.
@@ -49,6 +51,7 @@ extern "C" {
 #define SPARSYNC_MAX_TENSORS_PER_WORKER 65536u
 #define SPARSYNC_CUDA_IPC_HANDLE_BYTES 64u /* sizeof cudaIpcMemHandle_t, cudaIpcEventHandle_t */
 #define SPARSYNC_MAX_CUDA_DEVICES 1024u
+#define SPARSYNC_MAX_PATH_BYTES 1024u
 
 typedef enum sparsync_msg_type {
   SPARSYNC_MSG_HELLO = 1,
@@ -59,6 +62,8 @@ typedef enum sparsync_msg_type {
   SPARSYNC_MSG_DONE = 6,
   SPARSYNC_MSG_UNREGISTER = 7,
   SPARSYNC_MSG_GOODBYE = 8,
+  SPARSYNC_MSG_TIMELINE = 9,
+  SPARSYNC_MSG_TIMELINE_REPLY = 10,
 } sparsync_msg_type;
 
 /* Element types. Values are part of the protocol. */
@@ -228,6 +233,23 @@ typedef struct sparsync_goodbye {
   sparsync_msg_header header;
 } sparsync_goodbye;
 
+/* Starts or stops the daemon's timeline. Starting: `path` names the file on the daemon's machine
+ * (absolute, or relative to the daemon's working directory); "{node}" in it stands for the node's
+ * rank, and without it only node 0 records. Starting the file being written changes nothing. */
+typedef struct sparsync_timeline_msg {
+  sparsync_msg_header header;
+  uint32_t start;    /* 1: start recording into `path`; 0: stop (path_len 0) */
+  uint32_t path_len; /* 1 .. SPARSYNC_MAX_PATH_BYTES when starting, no NUL inside */
+  char path[SPARSYNC_MAX_PATH_BYTES];
+} sparsync_timeline_msg;
+
+typedef struct sparsync_timeline_reply {
+  sparsync_msg_header header;
+  int32_t status;    /* sparsync_status */
+  uint32_t reserved;
+  char message[SPARSYNC_MAX_ERROR_BYTES]; /* NUL-terminated reason when status != OK */
+} sparsync_timeline_reply;
+
 #ifdef __cplusplus
 }  // extern "C"
 
@@ -240,5 +262,7 @@ static_assert(sizeof(sparsync_ready) == 40, "wire layout");
 static_assert(sizeof(sparsync_done) == 560, "wire layout");
 static_assert(sizeof(sparsync_unregister_msg) == 24, "wire layout");
 static_assert(sizeof(sparsync_goodbye) == 16, "wire layout");
+static_assert(sizeof(sparsync_timeline_msg) == 1048, "wire layout");
+static_assert(sizeof(sparsync_timeline_reply) == 536, "wire layout");
 static_assert(sizeof(sparsync_done) <= SPARSYNC_MAX_MESSAGE_BYTES, "fits one datagram");
 #endif

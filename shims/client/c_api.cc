@@ -136,10 +136,30 @@ sparsync_status sparsync_register_tensor(sparsync_client* client, const sparsync
       return NullArgument("sparsync_register_tensor");
     }
     sparsync::client::Registration r;
-    Status s = client->session->Register(*spec, nullptr, &r);
+    Status s = client->session->Register(*spec, nullptr, /*hand_over=*/false, &r);
     if (s.ok()) {
       *tensor_id = r.id;
       *data = r.data;
+      *bytes = r.bytes;
+    }
+    return s;
+  });
+}
+
+sparsync_status sparsync_register_tensor_fd(sparsync_client* client,
+                                            const sparsync_tensor_spec* spec, uint32_t* tensor_id,
+                                            int* fd, uint64_t* bytes) {
+  if (client == nullptr) return SPARSYNC_ERR_INVALID;
+  return OnHandle(client, [&] {
+    if (spec == nullptr || spec->name == nullptr || tensor_id == nullptr || fd == nullptr ||
+        bytes == nullptr) {
+      return NullArgument("sparsync_register_tensor_fd");
+    }
+    sparsync::client::Registration r;
+    Status s = client->session->Register(*spec, nullptr, /*hand_over=*/true, &r);
+    if (s.ok()) {
+      *tensor_id = r.id;
+      *fd = r.fd;
       *bytes = r.bytes;
     }
     return s;
@@ -156,7 +176,7 @@ sparsync_status sparsync_register_cuda_tensor(sparsync_client* client,
     }
     sparsync::client::CudaTarget target{device, data};
     sparsync::client::Registration r;
-    Status s = client->session->Register(*spec, &target, &r);
+    Status s = client->session->Register(*spec, &target, /*hand_over=*/false, &r);
     if (s.ok()) *tensor_id = r.id;
     return s;
   });
@@ -198,6 +218,11 @@ sparsync_status sparsync_allgather_result(sparsync_client* client, uint32_t tens
 sparsync_status sparsync_unregister_tensor(sparsync_client* client, uint32_t tensor_id) {
   if (client == nullptr) return SPARSYNC_ERR_INVALID;
   return OnHandle(client, [&] { return client->session->Unregister(tensor_id); });
+}
+
+sparsync_status sparsync_timeline(sparsync_client* client, const char* path, double timeout_s) {
+  if (client == nullptr) return SPARSYNC_ERR_INVALID;
+  return OnHandle(client, [&] { return client->session->Timeline(path ? path : "", timeout_s); });
 }
 
 const char* sparsync_last_error(sparsync_client* client) {

@@ -118,6 +118,19 @@ sparsync_ready EncodeReady(uint32_t tensor_id, uint64_t round) {
   return m;
 }
 
+Status EncodeTimeline(const std::string& path, sparsync_timeline_msg* out) {
+  *out = NewMessage<sparsync_timeline_msg>(SPARSYNC_MSG_TIMELINE);
+  if (path.size() > SPARSYNC_MAX_PATH_BYTES || path.find('\0') != std::string::npos) {
+    return Status(SPARSYNC_ERR_INVALID, "timeline path '" + path + "' is longer than " +
+                                            std::to_string(SPARSYNC_MAX_PATH_BYTES) +
+                                            " bytes or contains a NUL byte");
+  }
+  out->start = path.empty() ? 0 : 1;
+  out->path_len = static_cast<uint32_t>(path.size());
+  memcpy(out->path, path.data(), path.size());
+  return Status::Ok();
+}
+
 Status Decode(const void* data, size_t size, Incoming* out) {
   sparsync_msg_header h;
   if (size < sizeof(h)) {
@@ -135,6 +148,8 @@ Status Decode(const void* data, size_t size, Incoming* out) {
     case SPARSYNC_MSG_REGISTER_REPLY:
       return CopyExact<sparsync_register_reply>(data, size, h.type, out);
     case SPARSYNC_MSG_DONE: return CopyExact<sparsync_done>(data, size, h.type, out);
+    case SPARSYNC_MSG_TIMELINE_REPLY:
+      return CopyExact<sparsync_timeline_reply>(data, size, h.type, out);
     default:
       return Status(SPARSYNC_ERR_INVALID, "unexpected message type " + std::to_string(h.type));
   }

@@ -43,8 +43,12 @@ Status EncodeRegister(const sparsync_tensor_spec& spec, sparsync_register_msg* o
 // READY of round `round`, stamped with CLOCK_MONOTONIC now.
 sparsync_ready EncodeReady(uint32_t tensor_id, uint64_t round);
 
+// TIMELINE: start recording into `path`, or stop ("" ). INVALID for a path the wire cannot carry.
+Status EncodeTimeline(const std::string& path, sparsync_timeline_msg* out);
+
 // A message the daemon may send.
-using Incoming = std::variant<sparsync_hello_reply, sparsync_register_reply, sparsync_done>;
+using Incoming = std::variant<sparsync_hello_reply, sparsync_register_reply, sparsync_done,
+                              sparsync_timeline_reply>;
 
 // Checks a datagram's header, type and size and copies it into *out. An error says what is
 // malformed; the connection cannot be trusted after one.

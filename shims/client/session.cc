@@ -139,6 +139,10 @@ void Session::Dispatch(const char* buf, size_t n, ReceivedFds* fds) {
     hello_arrived_ = true;
   } else if (auto* reply = std::get_if<sparsync_register_reply>(&message)) {
     applied = registry_.OnRegisterReply(*reply, fds);
+  } else if (auto* timeline = std::get_if<sparsync_timeline_reply>(&message)) {
+    if (!timeline_pending_ || fds->size() != 0) return MarkBroken("unexpected TIMELINE_REPLY");
+    timeline_reply_ = *timeline;
+    timeline_pending_ = false;
   } else {
     applied = registry_.OnDone(std::get<sparsync_done>(message), fds, &job_error_);
   }
@@ -181,7 +185,7 @@ Status Session::LoadCuda(const std::string& tensor, int32_t device) {
 }
 
 Status Session::Register(const sparsync_tensor_spec& spec, const CudaTarget* cuda,
-                         Registration* out) {
+                         bool hand_over, Registration* out) {
   Lock lock(mu_);
   if (broken_) return Broken();
   sparsync_register_msg m;
@@ -198,7 +202,10 @@ Status Session::Register(const sparsync_tensor_spec& spec, const CudaTarget* cud
     if (!buffer) return Status(SPARSYNC_ERR_INVALID, "tensor '" + name + "': " + error);
   }
   uint32_t tid = 0;
-  if (!registry_.Reserve(/*map_region=*/cuda == nullptr, &tid)) {
+  const RegionUse use = cuda != nullptr ? RegionUse::kDiscard
+                        : hand_over     ? RegionUse::kHandOver
+                                        : RegionUse::kMap;
+  if (!registry_.Reserve(use, &tid)) {
     return Status(SPARSYNC_ERR_INVALID, "more than " +
                                             std::to_string(SPARSYNC_MAX_TENSORS_PER_WORKER) +
                                             " tensors registered by this worker");
@@ -228,7 +235,8 @@ Status Session::Register(const sparsync_tensor_spec& spec, const CudaTarget* cud
   }
   out->id = tid;
   out->data = p.region.data();
-  out->bytes = p.region.bytes();
+  out->bytes = use == RegionUse::kHandOver ? p.fd_bytes : p.region.bytes();
+  out->fd = p.fd.Release();
   Tensor t;
   t.name = name;
   t.op = spec.op;
@@ -326,6 +334,28 @@ Status Session::Unregister(uint32_t id) {
   auto m = NewMessage<sparsync_unregister_msg>(SPARSYNC_MSG_UNREGISTER);
   m.tensor_id = id;
   return Send(&m, sizeof(m));
+}
+
+Status Session::Timeline(const std::string& path, double timeout_s) {
+  std::lock_guard<std::mutex> one_at_a_time(timeline_mu_);
+  Lock lock(mu_);
+  sparsync_timeline_msg m;
+  if (Status s = EncodeTimeline(path, &m); !s.ok()) return s;
+  timeline_pending_ = true;
+  if (Status s = Send(&m, sizeof(m)); !s.ok()) return s;
+  if (Status s = WaitUntil(
+          lock, [&] { return !timeline_pending_; }, DeadlineAfter(timeout_s), timeout_s,
+          "the answer to a timeline request");
+      !s.ok()) {
+    return s;
+  }
+  if (timeline_reply_.status != SPARSYNC_OK) {
+    return Status(ToStatus(timeline_reply_.status),
+                  "sparsyncd at '" + options_.socket_path + "' could not " +
+                      (path.empty() ? "stop its timeline" : "record a timeline into '" + path + "'") +
+                      ": " + BoundedString(timeline_reply_.message, sizeof(timeline_reply_.message)));
+  }
+  return Status::Ok();
 }
 
 void Session::Goodbye() {

@@ -43,8 +43,9 @@ struct CudaTarget {
 // What a successful registration hands back: the id and, for host tensors, the shared buffer.
 struct Registration {
   uint32_t id = 0;
-  void* data = nullptr;
+  void* data = nullptr;  // the library's mapping (RegionUse::kMap)
   uint64_t bytes = 0;
+  int fd = -1;  // RegionUse::kHandOver: the memfd, which the caller now owns
 };
 
 class Session {
@@ -59,15 +60,19 @@ class Session {
   // Set by the handshake, constant afterwards.
   const sparsync_world& world() const { return world_; }
 
-  // `cuda` null: a host tensor in a shared region; else the device buffer to export (the CUDA
-  // runtime is loaded on the first such call). REQUIRES: spec.name is not null.
-  Status Register(const sparsync_tensor_spec& spec, const CudaTarget* cuda, Registration* out);
+  // `cuda` null: a host tensor in a shared region, mapped here or (`hand_over`) handed to the
+  // caller as its memfd; else the device buffer to export (the CUDA runtime is loaded on the
+  // first such call). REQUIRES: spec.name is not null.
+  Status Register(const sparsync_tensor_spec& spec, const CudaTarget* cuda, bool hand_over,
+                  Registration* out);
   // `stream` null: a host tensor; else (CUDA tensors) the stream to record the ready event on.
   Status PostReady(uint32_t id, const device::CudaStream* stream);
   // `stream` null: a host tensor; else (CUDA tensors) the stream made to wait on the done event.
   Status WaitDone(uint32_t id, double timeout_s, const device::CudaStream* stream);
   Status AllgatherResult(uint32_t id, const void** data, uint64_t* bytes, int64_t* dim0);
   Status Unregister(uint32_t id);
+  // Starts the daemon's timeline into `path`, or stops it (""); waits for its answer.
+  Status Timeline(const std::string& path, double timeout_s);
   // Tells the daemon this worker leaves on purpose (best effort; not after a failure).
   void Goodbye();
 
@@ -100,6 +105,9 @@ class Session {
   sparsync_world world_{};
   bool hello_arrived_ = false;
   sparsync_hello_reply hello_reply_{};
+  std::mutex timeline_mu_;          // one TIMELINE in flight at a time; taken before mu_
+  bool timeline_pending_ = false;   // a TIMELINE awaits its reply
+  sparsync_timeline_reply timeline_reply_{};
   TensorRegistry registry_;
   std::shared_ptr<const device::CudaRuntime> cuda_;  // loaded at the first CUDA registration
 };

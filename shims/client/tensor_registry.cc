@@ -22,13 +22,13 @@ Status MapOnly(ReceivedFds* fds, uint64_t bytes, Mapping* out) {
 
 }  // namespace
 
-bool TensorRegistry::Reserve(bool map_region, uint32_t* id) {
+bool TensorRegistry::Reserve(RegionUse use, uint32_t* id) {
   for (uint32_t i = 0; i < SPARSYNC_MAX_TENSORS_PER_WORKER; ++i) {
     uint32_t candidate = next_id_;
     next_id_ = (next_id_ + 1) % SPARSYNC_MAX_TENSORS_PER_WORKER;
     if (tensors_.count(candidate) == 0 && pending_.count(candidate) == 0) {
       retired_.erase(candidate);
-      pending_[candidate].map = map_region;
+      pending_[candidate].use = use;
       *id = candidate;
       return true;
     }
@@ -78,10 +78,17 @@ Status TensorRegistry::OnRegisterReply(const sparsync_register_reply& m, Receive
     return Status::Ok();
   }
   if (fds->size() != 1) return Violation("REGISTER_REPLY without exactly one descriptor");
-  if (!p.map) {
-    CloseFd(fds->Take());
-    memcpy(p.done_event, m.cuda_done_event, sizeof(p.done_event));
-    return Status::Ok();
+  switch (p.use) {
+    case RegionUse::kDiscard:
+      CloseFd(fds->Take());
+      memcpy(p.done_event, m.cuda_done_event, sizeof(p.done_event));
+      return Status::Ok();
+    case RegionUse::kHandOver:
+      p.fd = OwnedFd(fds->Take());
+      p.fd_bytes = m.region_bytes;
+      return Status::Ok();
+    case RegionUse::kMap:
+      break;
   }
   return MapOnly(fds, m.region_bytes, &p.region);
 }

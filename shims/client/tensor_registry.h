@@ -33,12 +33,21 @@ struct Tensor {
   bool in_flight() const { return done != posted; }
 };
 
+// What a registration does with the region descriptor of its REGISTER_REPLY.
+enum class RegionUse {
+  kMap,       // host tensors: the library maps the buffer
+  kHandOver,  // host tensors whose caller maps the buffer (sparsync_register_tensor_fd)
+  kDiscard,   // CUDA tensors: the daemon's staging region is not needed here
+};
+
 struct PendingRegistration {
   bool arrived = false;
   int32_t status = SPARSYNC_OK;
   std::string message;
-  Mapping region;
-  bool map = true;  // false for CUDA tensors: the daemon's staging region is not needed here
+  RegionUse use = RegionUse::kMap;
+  Mapping region;         // kMap
+  OwnedFd fd;             // kHandOver: the memfd, for the caller
+  uint64_t fd_bytes = 0;  // kHandOver: its size
   uint8_t done_event[SPARSYNC_CUDA_IPC_HANDLE_BYTES] = {};
 };
 
@@ -48,9 +57,9 @@ class TensorRegistry {
   TensorRegistry(const TensorRegistry&) = delete;
   TensorRegistry& operator=(const TensorRegistry&) = delete;
 
-  // Reserves a free id for a REGISTER about to be sent. `map_region`: whether the region of the
-  // reply is mapped (host tensors). False when every id is in use.
-  bool Reserve(bool map_region, uint32_t* id);
+  // Reserves a free id for a REGISTER about to be sent, whose reply's region is used as `use`
+  // says. False when every id is in use.
+  bool Reserve(RegionUse use, uint32_t* id);
   // Whether the reply of the registration reserved as `id` has arrived.
   bool Arrived(uint32_t id) const;
   // Ends the registration reserved as `id`, arrived or not; its mapping goes to the caller.

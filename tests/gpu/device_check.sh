@@ -25,8 +25,10 @@
 #    device buffers) against AllReduceSumOnDevice on a cudaMalloc'd buffer, for 1 M, 25 M and
 #    100 M float32 (NCCL_ITERATIONS calls each, default 10), checks that the one-rank sum leaves
 #    every value unchanged, and prints the staging's cost. One rank means no network: the
-#    difference is the host staging. NCCL comes from the CUDA toolkit, the system, PyTorch's
-#    nvidia-nccl wheel or $SPARSYNC_NCCL_ROOT; without any, the step says SKIPPED (not a failure).
+#    difference is the host staging. As in sparsyncd, NCCL and the CUDA runtime are loaded at run
+#    time (the runtime of step 4, and the NCCL that configuring found). NCCL comes from the CUDA
+#    toolkit, the system, PyTorch's nvidia-nccl wheel or $SPARSYNC_NCCL_ROOT; without any, the step
+#    says SKIPPED (not a failure).
 # 6. Runs kernels_cuda_bench (1 M, 25 M, 100 M float32 at density 0.001 and 0.01) and
 #    tests/gpu/torch_baseline.py, which times the torch equivalents on the same GPU and prints the
 #    table: kernel, size, density, our ms, torch ms, speed-up, bound ms, ratio to bound.
@@ -252,7 +254,8 @@ elif ! timeout "$(step_timeout 120 150)" cmake --build "$nccl_build" -j"$jobs" \
 else
   grep "sparsync: NCCL" "$logs/nccl_build.log"
   if timeout "$(step_timeout 60 150)" "$nccl_build/nccl_staging_bench" \
-      --iterations "${NCCL_ITERATIONS:-10}" --out "$logs/nccl_staging.jsonl" \
+      ${cudart:+--cudart "$cudart"} --iterations "${NCCL_ITERATIONS:-10}" \
+      --out "$logs/nccl_staging.jsonl" \
       >"$logs/nccl_staging.log" 2>&1; then
     grep "nccl_staging_bench:" "$logs/nccl_staging.log"
   else

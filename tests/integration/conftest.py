@@ -100,8 +100,10 @@ def processes_with_env(tag):
 
 
 class Job:
-    def __init__(self, daemon, nodes, local_size, tmp, extra_env=None):
+    def __init__(self, daemon, nodes, local_size, tmp, extra_env=None, node_env=None):
+        """`node_env(i)`: variables for node i's daemon alone (e.g. its metrics port)."""
         self.daemon, self.nodes, self.local_size = daemon, nodes, local_size
+        self.node_env = node_env or (lambda i: {})
         self.size = nodes * local_size
         self.tmp = Path(tmp)
         self.token = secrets.token_hex(8)
@@ -123,6 +125,7 @@ class Job:
                         "SPARSYNC_LISTEN": "127.0.0.1", "SPARSYNC_SOCKET": self.socket(i),
                         "SPARSYNC_LOCAL_SIZE": str(self.local_size),
                         "SPARSYNC_JOB_TOKEN": self.token})
+            env.update(self.node_env(i))
             log = open(self.tmp / ("d%d.log" % i), "wb")
             self.daemons.append(subprocess.Popen([self.daemon], env=env, stdout=log,
                                                  stderr=subprocess.STDOUT,

@@ -1,19 +1,14 @@
-// CreateNcclTransport for builds with CUDA and NCCL: the real API under NcclTransport.
+// CreateNcclTransport: the real API (NCCL and the CUDA runtime, loaded now) under NcclTransport.
 #include "daemon/transport/nccl/create_nccl_transport.h"
 
-#include "daemon/transport/nccl/cuda_nccl_api.h"
 #include "daemon/transport/nccl/nccl_transport.h"
 
 namespace sparsync::transport {
 
-bool NcclTransportBuilt() { return true; }
-
-int NcclUsableDevices() { return CudaDeviceCount(); }
-
 Result<std::unique_ptr<Transport>> CreateNcclTransport(int rank, int size, RendezvousStore* store,
                                                        std::chrono::milliseconds timeout,
-                                                       int device) {
-  auto api = CreateCudaNcclApi(device);
+                                                       int device, const NcclLibraries& libraries) {
+  auto api = CreateCudaNcclApi(device, libraries);
   if (!api.ok()) {
     return api.status().WithContext("NCCL transport (SPARSYNC_TRANSPORT=nccl) on node " +
                                     std::to_string(rank));

@@ -1,131 +1,114 @@
 // CudaNcclApi: NcclApi over NCCL (a non-blocking communicator) and the CUDA runtime (one
-// non-blocking stream, cudaMalloc'd device buffers, cudaMallocHost'd pinned buffers).
+// non-blocking stream, cudaMalloc'd device buffers, cudaMallocHost'd pinned buffers), both called
+// through the tables that daemon/device/ loads at run time. Their results become Status values
+// only through the daemon's one conversion of each, NcclStatus and CudaStatus.
 //
-// The one file that converts ncclResult_t and cudaError_t to Status (docs/style.md §2). Every entry
-// point first makes the bound device current on the calling thread, because the transport may be
-// called from any thread and cudaMalloc and NCCL's enqueues use the current device.
+// Every entry point first makes the bound device current on the calling thread, because the
+// transport may be called from any thread and cudaMalloc and NCCL's enqueues use the current
+// device.
 #include "daemon/transport/nccl/cuda_nccl_api.h"
-
-#include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include <cstring>
 #include <thread>
 
+#include "daemon/device/cuda_status.h"
+#include "daemon/device/nccl_library.h"
+
 namespace sparsync::transport {
 namespace {
 
-Status CudaStatus(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::Ok();
-  std::string message =
-      std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
-  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
-      err == cudaErrorInvalidDevice) {
-    return Unavailable(message);
-  }
-  if (err == cudaErrorMemoryAllocation) return Unavailable(message + "; the GPU is out of memory");
-  return Internal(message);
-}
+using device::CudaError;
+using device::CudaRuntime;
+using device::CudaStream;
+using device::NcclLibrary;
 
-// ncclInProgress counts as success: on a non-blocking communicator it means "accepted, still
-// being enqueued", which the caller follows through CommState().
-Status NcclStatus(ncclResult_t result, const char* what, ncclComm_t comm) {
-  if (result == ncclSuccess || result == ncclInProgress) return Status::Ok();
-  std::string message = std::string(what) + ": " + ncclGetErrorString(result);
-  const char* last = ncclGetLastError(comm);
-  if (last != nullptr && last[0] != '\0') message += " (" + std::string(last) + ")";
-  switch (result) {
-    case ncclRemoteError:
-      return Unavailable(message + "; a peer node failed or left");
-    case ncclSystemError:
-      return Unavailable(message +
-                         "; a network or system call failed (check NCCL_SOCKET_IFNAME "
-                         "and that the nodes can reach each other)");
-    case ncclInvalidArgument:
-    case ncclInvalidUsage:
-      return InvalidArgument(message);
-    default:
-      return Internal(message);
-  }
-}
+constexpr int kBytes = device::NcclDataType(DType::kUInt8);  // what moves uninterpreted
 
-Result<ncclDataType_t> NcclType(ElementType type) {
+Result<int> NcclType(ElementType type) {
   switch (type) {
     case ElementType::kFloat32:
-      return ncclFloat32;
+      return device::NcclDataType(DType::kFloat32);
     case ElementType::kFloat64:
-      return ncclFloat64;
+      return device::NcclDataType(DType::kFloat64);
     case ElementType::kInt32:
-      return ncclInt32;
+      return device::NcclDataType(DType::kInt32);
     case ElementType::kInt64:
-      return ncclInt64;
+      return device::NcclDataType(DType::kInt64);
   }
   return InvalidArgument("NCCL: unknown element type");
 }
 
+// "VAR=value: " when the user named the library, so that the message points at the setting.
+std::string Setting(const char* var, const std::string& value) {
+  return value.empty() ? std::string() : std::string(var) + "=" + value + ": ";
+}
+
 class CudaNcclApi : public NcclApi {
  public:
-  CudaNcclApi(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  CudaNcclApi(std::shared_ptr<const CudaRuntime> rt, std::shared_ptr<const NcclLibrary> nccl,
+              int device, CudaStream stream)
+      : rt_(std::move(rt)), nccl_(std::move(nccl)), device_(device), stream_(stream) {}
 
   ~CudaNcclApi() override {
     // The transport finalises or aborts the communicator first; this is the backstop.
     if (comm_ != nullptr) AbortComm();
-    (void)cudaSetDevice(device_);
-    (void)cudaStreamDestroy(stream_);
+    (void)rt_->SetDevice(device_);
+    (void)rt_->StreamDestroy(stream_);
   }
 
   Result<std::string> NewUniqueId() override {
-    ncclUniqueId id;
-    SPARSYNC_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId", nullptr));
+    device::NcclUniqueId id{};
+    SPARSYNC_RETURN_IF_ERROR(Nccl(nccl_->GetUniqueId(&id), "ncclGetUniqueId"));
     return std::string(id.internal, sizeof(id.internal));
   }
 
   Status InitComm(const std::string& unique_id, int rank, int size) override {
-    if (unique_id.size() != sizeof(ncclUniqueId)) {
-      return InvalidArgument("an NCCL unique id has " + std::to_string(sizeof(ncclUniqueId)) +
+    device::NcclUniqueId id{};
+    if (unique_id.size() != sizeof(id.internal)) {
+      return InvalidArgument("an NCCL unique id has " + std::to_string(sizeof(id.internal)) +
                              " bytes, not " + std::to_string(unique_id.size()));
     }
     if (comm_ != nullptr) return Internal("NCCL communicator initialised twice");
     SPARSYNC_RETURN_IF_ERROR(UseDevice());
-    ncclUniqueId id;
     std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    device::NcclConfig config = nccl_->DefaultConfig();
     config.blocking = 0;  // never block in NCCL: every wait is ours, with a deadline
-    config.commName = "sparsync";
-    return NcclStatus(ncclCommInitRankConfig(&comm_, size, id, rank, &config),
-                      "ncclCommInitRankConfig", comm_);
+    config.comm_name = "sparsync";
+    return Nccl(nccl_->CommInitRankConfig(&comm_, size, id, rank, &config),
+                "ncclCommInitRankConfig");
   }
 
   Result<NcclCommState> CommState() override {
-    if (comm_ == nullptr)
+    if (comm_ == nullptr) {
       return Internal("NCCL communicator used before it was made or after abort");
-    ncclResult_t async = ncclSuccess;
+    }
+    int async = device::kNcclSuccess;
     SPARSYNC_RETURN_IF_ERROR(
-        NcclStatus(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError", comm_));
-    if (async == ncclInProgress) return NcclCommState::kInProgress;
-    SPARSYNC_RETURN_IF_ERROR(NcclStatus(async, "NCCL communicator failed", comm_));
+        Nccl(nccl_->CommGetAsyncError(comm_, &async), "ncclCommGetAsyncError"));
+    if (async == device::kNcclInProgress) return NcclCommState::kInProgress;
+    SPARSYNC_RETURN_IF_ERROR(Nccl(async, "NCCL communicator failed"));
     return NcclCommState::kReady;
   }
 
   Status FinalizeComm() override {
     if (comm_ == nullptr) return Internal("NCCL communicator finalised before it was made");
     SPARSYNC_RETURN_IF_ERROR(UseDevice());
-    return NcclStatus(ncclCommFinalize(comm_), "ncclCommFinalize", comm_);
+    return Nccl(nccl_->CommFinalize(comm_), "ncclCommFinalize");
   }
 
   void DestroyComm() override {
     if (comm_ == nullptr) return;
-    (void)cudaSetDevice(device_);
-    (void)ncclCommDestroy(comm_);  // after a finished finalise it only frees local memory
+    (void)rt_->SetDevice(device_);
+    (void)nccl_->CommDestroy(comm_);  // after a finished finalise it only frees local memory
     comm_ = nullptr;
   }
 
   void AbortComm() override {
     if (comm_ == nullptr) return;
-    (void)cudaSetDevice(device_);
+    (void)rt_->SetDevice(device_);
     // Stops NCCL's kernels and frees the communicator; its result says nothing actionable (the
     // communicator is gone either way).
-    (void)ncclCommAbort(comm_);
+    (void)nccl_->CommAbort(comm_);
     comm_ = nullptr;
   }
 
@@ -133,60 +116,61 @@ class CudaNcclApi : public NcclApi {
     SPARSYNC_RETURN_IF_ERROR(UseComm());
     auto nccl_type = NcclType(type);
     if (!nccl_type.ok()) return nccl_type.status();
-    return NcclStatus(ncclAllReduce(send, recv, count, *nccl_type, ncclSum, comm_, stream_),
-                      "ncclAllReduce", comm_);
+    return Nccl(nccl_->AllReduce(send, recv, count, *nccl_type, device::kNcclSum, comm_, stream_),
+                "ncclAllReduce");
   }
 
   Status AllGather(const void* send, void* recv, size_t bytes_per_rank) override {
     SPARSYNC_RETURN_IF_ERROR(UseComm());
-    return NcclStatus(ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream_),
-                      "ncclAllGather", comm_);
+    return Nccl(nccl_->AllGather(send, recv, bytes_per_rank, kBytes, comm_, stream_),
+                "ncclAllGather");
   }
 
   Status Broadcast(const void* send, void* recv, size_t bytes, int root) override {
     SPARSYNC_RETURN_IF_ERROR(UseComm());
-    return NcclStatus(ncclBroadcast(send, recv, bytes, ncclUint8, root, comm_, stream_),
-                      "ncclBroadcast", comm_);
+    return Nccl(nccl_->Broadcast(send, recv, bytes, kBytes, root, comm_, stream_), "ncclBroadcast");
   }
 
   Status GroupStart() override {
     SPARSYNC_RETURN_IF_ERROR(UseComm());
-    return NcclStatus(ncclGroupStart(), "ncclGroupStart", comm_);
+    return Nccl(nccl_->GroupStart(), "ncclGroupStart");
   }
 
   Status GroupEnd() override {
     // Also after a failed Send/Recv: the group depth is per thread and must be balanced.
-    (void)cudaSetDevice(device_);
-    return NcclStatus(ncclGroupEnd(), "ncclGroupEnd", comm_);
+    (void)rt_->SetDevice(device_);
+    return Nccl(nccl_->GroupEnd(), "ncclGroupEnd");
   }
 
   Status Send(const void* data, size_t bytes, int peer) override {
     SPARSYNC_RETURN_IF_ERROR(UseComm());
-    return NcclStatus(ncclSend(data, bytes, ncclUint8, peer, comm_, stream_), "ncclSend", comm_);
+    return Nccl(nccl_->Send(data, bytes, kBytes, peer, comm_, stream_), "ncclSend");
   }
 
   Status Recv(void* data, size_t bytes, int peer) override {
     SPARSYNC_RETURN_IF_ERROR(UseComm());
-    return NcclStatus(ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_), "ncclRecv", comm_);
+    return Nccl(nccl_->Recv(data, bytes, kBytes, peer, comm_, stream_), "ncclRecv");
   }
 
   Status CopyHostToDevice(void* device_dst, const void* host_src, size_t bytes) override {
     SPARSYNC_RETURN_IF_ERROR(UseDevice());
-    return CudaStatus(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
-                      "cudaMemcpyAsync (host to device)");
+    return Cuda(
+        rt_->MemcpyAsync(device_dst, host_src, bytes, device::kCudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync (host to device)");
   }
 
   Status CopyDeviceToHost(void* host_dst, const void* device_src, size_t bytes) override {
     SPARSYNC_RETURN_IF_ERROR(UseDevice());
-    return CudaStatus(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream_),
-                      "cudaMemcpyAsync (device to host)");
+    return Cuda(
+        rt_->MemcpyAsync(host_dst, device_src, bytes, device::kCudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync (device to host)");
   }
 
   Result<bool> StreamIdle() override {
-    const cudaError_t err = cudaStreamQuery(stream_);
-    if (err == cudaSuccess) return true;
-    if (err == cudaErrorNotReady) return false;
-    return CudaStatus(err, "cudaStreamQuery");
+    const CudaError err = rt_->StreamQuery(stream_);
+    if (err == device::kCudaSuccess) return true;
+    if (err == device::kCudaErrorNotReady) return false;
+    return Cuda(err, "cudaStreamQuery");
   }
 
   void Pause(std::chrono::microseconds at_most) override { std::this_thread::sleep_for(at_most); }
@@ -194,67 +178,99 @@ class CudaNcclApi : public NcclApi {
   Result<void*> AllocDevice(size_t bytes) override {
     SPARSYNC_RETURN_IF_ERROR(UseDevice());
     void* ptr = nullptr;
-    SPARSYNC_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&ptr, bytes), "cudaMalloc"));
+    SPARSYNC_RETURN_IF_ERROR(Cuda(rt_->Malloc(&ptr, bytes), "cudaMalloc"));
     return ptr;
   }
 
   void FreeDevice(void* ptr) override {
     if (ptr == nullptr) return;
-    (void)cudaSetDevice(device_);
-    (void)cudaFree(ptr);
+    (void)rt_->SetDevice(device_);
+    (void)rt_->Free(ptr);
   }
 
   Result<void*> AllocPinnedHost(size_t bytes) override {
     SPARSYNC_RETURN_IF_ERROR(UseDevice());
     void* ptr = nullptr;
-    SPARSYNC_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&ptr, bytes), "cudaMallocHost"));
+    SPARSYNC_RETURN_IF_ERROR(Cuda(rt_->MallocHost(&ptr, bytes), "cudaMallocHost"));
     return ptr;
   }
 
   void FreePinnedHost(void* ptr) override {
-    if (ptr != nullptr) (void)cudaFreeHost(ptr);
+    if (ptr != nullptr) (void)rt_->FreeHost(ptr);
   }
 
  private:
-  Status UseDevice() { return CudaStatus(cudaSetDevice(device_), "cudaSetDevice"); }
+  Status Cuda(CudaError err, const char* what) const {
+    return device::CudaStatus(*rt_, err, what, device_);
+  }
+  Status Nccl(int result, const char* what) const {
+    return device::NcclStatus(*nccl_, result, what, comm_);
+  }
+  Status UseDevice() { return Cuda(rt_->SetDevice(device_), "cudaSetDevice"); }
   Status UseComm() {
-    if (comm_ == nullptr)
+    if (comm_ == nullptr) {
       return Internal("NCCL communicator used before it was made or after abort");
+    }
     return UseDevice();
   }
 
+  const std::shared_ptr<const CudaRuntime> rt_;
+  const std::shared_ptr<const NcclLibrary> nccl_;
   const int device_;
-  cudaStream_t stream_;
-  ncclComm_t comm_ = nullptr;
+  const CudaStream stream_;
+  device::NcclComm comm_ = nullptr;
 };
 
-}  // namespace
-
-int CudaDeviceCount() {
+// The runtime's devices, or why there are none.
+Result<int> Devices(const CudaRuntime& rt) {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the error so later calls do not see it
-    return 0;
+  const CudaError err = rt.GetDeviceCount(&count);
+  if (err != device::kCudaSuccess) {
+    (void)rt.GetLastError();  // clear it, so that later, unrelated checks do not see it
+    return device::CudaStatus(rt, err, "no CUDA device (cudaGetDeviceCount of " + rt.library + ")");
   }
+  if (count <= 0) return Unavailable("no CUDA device (" + rt.library + " sees none)");
   return count;
 }
 
-Result<std::unique_ptr<NcclApi>> CreateCudaNcclApi(int device) {
-  int count = 0;
-  SPARSYNC_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "looking for CUDA devices"));
-  if (device < 0 || device >= count) {
-    return InvalidArgument("CUDA device " + std::to_string(device) +
-                           " does not exist (this "
-                           "process sees " +
-                           std::to_string(count) +
-                           "; check SPARSYNC_DEVICE "
-                           "and CUDA_VISIBLE_DEVICES)");
+}  // namespace
+
+Result<std::unique_ptr<NcclApi>> CreateCudaNcclApi(int cuda_device,
+                                                   const NcclLibraries& libraries) {
+  std::string error;
+  auto rt = device::LoadCudaRuntime(libraries.cudart, &error);
+  if (rt == nullptr) return Unavailable(Setting("SPARSYNC_CUDART", libraries.cudart) + error);
+  auto count = Devices(*rt);
+  if (!count.ok()) return count.status();
+  auto nccl = device::LoadNccl(libraries.libnccl, &error);
+  if (nccl == nullptr) {
+    return Unavailable(libraries.libnccl.empty()
+                           ? error +
+                                 "; install NCCL 2.14 or later, or point SPARSYNC_LIBNCCL at "
+                                 "its libnccl.so.2"
+                           : Setting("SPARSYNC_LIBNCCL", libraries.libnccl) + error);
   }
-  SPARSYNC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
-  cudaStream_t stream = nullptr;
-  SPARSYNC_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                                      "creating the NCCL transport's CUDA stream"));
-  return std::unique_ptr<NcclApi>(new CudaNcclApi(device, stream));
+  if (cuda_device < 0 || cuda_device >= *count) {
+    return InvalidArgument("CUDA device " + std::to_string(cuda_device) +
+                           " does not exist (this process sees " + std::to_string(*count) +
+                           "; check CUDA_VISIBLE_DEVICES)");
+  }
+  SPARSYNC_RETURN_IF_ERROR(
+      device::CudaStatus(*rt, rt->SetDevice(cuda_device), "cudaSetDevice", cuda_device));
+  CudaStream stream = nullptr;
+  SPARSYNC_RETURN_IF_ERROR(
+      device::CudaStatus(*rt, rt->StreamCreateWithFlags(&stream, device::kCudaStreamNonBlocking),
+                         "creating the NCCL transport's CUDA stream", cuda_device));
+  return std::unique_ptr<NcclApi>(
+      new CudaNcclApi(std::move(rt), std::move(nccl), cuda_device, stream));
+}
+
+int CudaDeviceCount(const NcclLibraries& libraries) {
+  std::string error;
+  auto rt = device::LoadCudaRuntime(libraries.cudart, &error);
+  if (rt == nullptr) return 0;
+  auto count = Devices(*rt);
+  return count.ok() ? *count : 0;
 }
 
 }  // namespace sparsync::transport

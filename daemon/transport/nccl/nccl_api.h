@@ -4,8 +4,9 @@
 // pinned host memory the transport stages through. NcclTransport (nccl_transport.h) drives it;
 // CUDA-free code can therefore test the multi-node logic (ordering, size exchange, deadlines,
 // aborts) against a fake that runs the nodes as threads on host memory
-// (tests/unit/daemon/transport/nccl_fake_api.h). The real implementation (cuda_nccl_api.cc) is
-// the one file that converts ncclResult_t and cudaError_t to Status.
+// (tests/unit/daemon/transport/nccl_fake_api.h). The real implementation (cuda_nccl_api.cc) calls
+// NCCL and the CUDA runtime through the daemon's run-time bindings (daemon/device/), whose
+// NcclStatus and CudaStatus turn their errors into Status values.
 //
 // Semantics mirror a *non-blocking* NCCL communicator (ncclConfig_t::blocking = 0):
 //   - InitComm, FinalizeComm, the collectives and GroupEnd may return before their work is in

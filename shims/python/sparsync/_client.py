@@ -5,6 +5,7 @@ Framework-neutral: tensors are raw shared regions, exposed as numpy arrays. The 
 """
 
 import ctypes
+import mmap
 import os
 import threading
 import time
@@ -90,6 +91,9 @@ def _library():
             "sparsync_register_tensor": [c.c_void_p, c.POINTER(_TensorSpec),
                                          c.POINTER(c.c_uint32), c.POINTER(c.c_void_p),
                                          c.POINTER(c.c_uint64)],
+            "sparsync_register_tensor_fd": [c.c_void_p, c.POINTER(_TensorSpec),
+                                            c.POINTER(c.c_uint32), c.POINTER(c.c_int),
+                                            c.POINTER(c.c_uint64)],
             "sparsync_post_ready": [c.c_void_p, c.c_uint32],
             "sparsync_wait_done": [c.c_void_p, c.c_uint32, c.c_double],
             "sparsync_allgather_result": [c.c_void_p, c.c_uint32, c.POINTER(c.c_void_p),
@@ -99,6 +103,7 @@ def _library():
                                               c.c_void_p, c.POINTER(c.c_uint32)],
             "sparsync_post_ready_cuda": [c.c_void_p, c.c_uint32, c.c_void_p],
             "sparsync_wait_done_cuda": [c.c_void_p, c.c_uint32, c.c_double, c.c_void_p],
+            "sparsync_timeline": [c.c_void_p, c.c_char_p, c.c_double],
             "sparsync_last_error": [c.c_void_p],
         }
         for name, args in sig.items():
@@ -112,18 +117,22 @@ def _library():
 
 
 class Registered:
-    """A registered tensor: its id and its shared region (valid until unregistered).
+    """A registered tensor: its id and its shared region.
 
-    For a CUDA tensor `device` is its CUDA device and `address` its device pointer (never to be
-    read from the host); for a host tensor `device` is None."""
+    A host tensor's region is this process's own mapping of the daemon's memfd (`region`, an
+    mmap): arrays and tensors made over it stay valid as long as they exist, also after the
+    tensor is unregistered or the connection closed (they just no longer reach a daemon). For a
+    CUDA tensor `device` is its CUDA device and `address` its device pointer (never to be read
+    from the host); for a host tensor `device` is None."""
 
     __slots__ = ("id", "name", "op", "dtype", "shape", "address", "nbytes", "spec", "device",
-                 "buffer")
+                 "buffer", "region")
 
-    def __init__(self, tid, name, op, dtype, shape, address, nbytes, device=None):
+    def __init__(self, tid, name, op, dtype, shape, address, nbytes, device=None, region=None):
         self.id, self.name, self.op, self.dtype = tid, name, op, dtype
         self.shape, self.address, self.nbytes = tuple(shape), address, nbytes
         self.device = device
+        self.region = region
         self.spec = None  # free for the caller (the torch shim keeps its cache key here)
         self.buffer = None  # free for the caller (the torch shim keeps a CUDA tensor's buffer)
 
@@ -133,7 +142,10 @@ class Registered:
 
     def raw(self):
         """The data bytes of the region as a writable uint8 array (numel * itemsize bytes)."""
-        return _raw_array(self.address, self.numel * ITEMSIZE[self.dtype])
+        nbytes = self.numel * ITEMSIZE[self.dtype]
+        if self.region is None or nbytes == 0:
+            return np.zeros(0, dtype=np.uint8)
+        return np.frombuffer(self.region, dtype=np.uint8, count=nbytes)
 
     def array(self, np_dtype):
         """The region as a numpy array of `np_dtype` (same item size as the wire dtype)."""
@@ -212,18 +224,31 @@ class Client:
 
     def register(self, name, op, dtype, shape, reduce_op=REDUCE_AVERAGE, root_rank=0,
                  compressor=0, density=0.0):
+        """Registers a host tensor; its region is mapped here (Registered.region)."""
         self._require_open()
         spec, _dims, shape = self._spec(name, op, dtype, shape, reduce_op, root_rank, compressor,
                                         density)
-        tid, data, nbytes = ctypes.c_uint32(), ctypes.c_void_p(), ctypes.c_uint64()
-        self._check(self._lib.sparsync_register_tensor(
-            self._h, ctypes.byref(spec), ctypes.byref(tid), ctypes.byref(data),
+        tid, fd, nbytes = ctypes.c_uint32(), ctypes.c_int(-1), ctypes.c_uint64()
+        self._check(self._lib.sparsync_register_tensor_fd(
+            self._h, ctypes.byref(spec), ctypes.byref(tid), ctypes.byref(fd),
             ctypes.byref(nbytes)))
-        reg = Registered(tid.value, name, op, dtype, shape, data.value, nbytes.value)
-        if nbytes.value < reg.numel * ITEMSIZE[dtype]:
+        reg = Registered(tid.value, name, op, dtype, shape, None, nbytes.value)
+        needed = reg.numel * ITEMSIZE[dtype]
+        try:
+            if nbytes.value < needed:
+                problem = ("sparsyncd created %d bytes for tensor '%s', which needs %d"
+                           % (nbytes.value, name, needed))
+            else:
+                problem = None
+                if nbytes.value:
+                    reg.region = mmap.mmap(fd.value, nbytes.value)
+        except OSError as e:
+            problem = "cannot map the shared buffer of tensor '%s': %s" % (name, e)
+        finally:
+            os.close(fd.value)
+        if problem:
             self.unregister(reg)
-            raise SparsyncError("sparsyncd mapped %d bytes for tensor '%s', which needs %d"
-                                % (nbytes.value, name, reg.numel * ITEMSIZE[dtype]))
+            raise SparsyncError(problem)
         return reg
 
     def post(self, reg, stream=None):
@@ -278,6 +303,11 @@ class Client:
     def unregister(self, reg):
         if self._h:
             self._check(self._lib.sparsync_unregister_tensor(self._h, reg.id))
+
+    def timeline(self, path, timeout_s):
+        """Starts the daemon's timeline into `path` (bytes), or stops it (b"")."""
+        self._require_open()
+        self._check(self._lib.sparsync_timeline(self._h, path, timeout_s))
 
     def close(self):
         if self._h:

@@ -1,10 +1,19 @@
 """Compression and DistributedOptimizer of sparsync.torch (Horovod's API).
 
 Each parameter gets a shared buffer registered with the daemon under op GRADIENT and the name
-"gradient.<parameter name>". A hook on the parameter's AccumulateGrad node copies the gradient
-into the buffer and posts READY as soon as backward has produced it, so reduction overlaps the
-rest of backward. step() (or synchronize()) posts the parameters that got no gradient (zeros, so
-no node waits for them), waits for every DONE and copies the averaged gradient into p.grad.
+"gradient.<parameter name>". A hook on the parameter's AccumulateGrad node posts READY as soon as
+backward has produced the gradient, so reduction overlaps the rest of backward. step() (or
+synchronize()) posts the parameters that got no gradient (zeros, so no node waits for them) and
+waits for every DONE.
+
+The gradient lives in the shared buffer: after the first step p.grad is a tensor over it, so
+backward accumulates where the daemon reads and the daemon writes the average back in place, with
+no copy in either direction. Where p.grad was replaced (zero_grad(set_to_none=True), a script that
+assigns p.grad) the new gradient is copied in once and p.grad becomes the shared tensor again.
+Parameters whose layout the buffer cannot hold as is (not contiguous, channels-last, sent as
+float16 by Compression.fp16) take one copy in and one out, as the log says at debug level. As in
+Horovod, a gradient must not change while its reduction is in flight (between backward and
+step()): call synchronize() before clipping or unscaling it; a change is detected and raised.
 
 A parameter on a CUDA device gets a persistent device buffer instead, shared with the daemon
 through CUDA IPC (docs/intake.md): the copy into it, the daemon's read of it and the copy of the
@@ -12,12 +21,15 @@ result out of it are ordered on the current CUDA stream by two interprocess even
 """
 
 import contextlib
+import logging
 
 import torch
 
 from sparsync import _torch_state as shared
 from sparsync import _wire as W
 from sparsync._errors import SparsyncError
+
+_log = logging.getLogger("sparsync")
 
 
 class Compressor:
@@ -124,6 +136,17 @@ def Dense():
     return Sparsify("none")
 
 
+class _Slot:
+    """One parameter's registration with the daemon, and the tensor over its shared region that
+    serves as the parameter's gradient when the layout allows (`grad`, else None)."""
+
+    __slots__ = ("reg", "wire", "dtype", "grad", "version")
+
+    def __init__(self, reg, wire, dtype, grad):
+        self.reg, self.wire, self.dtype, self.grad = reg, wire, dtype, grad
+        self.version = None  # grad._version when posted (a write while in flight changes it)
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=shared.Average, sparsify=None):
@@ -159,22 +182,39 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if unnamed:
             raise ValueError("named_parameters was given but %d optimizer parameters are not in "
                              "it" % len(unnamed))
-        self._requires_update = [p for p in all_params if p.requires_grad]
-        self._delay = {id(p): backward_passes_per_step for p in self._requires_update}
-        self._posted = {}       # id(p) -> (p, registration, compression ctx)
-        self._registrations = {}  # id(p) -> (wire dtype, torch dtype, registration)
+        self._requires_update = []
+        self._delay = {}
+        self._posted = {}  # id(p) -> (p, slot, compression ctx)
+        self._slots = {}   # id(p) -> _Slot
         self._grad_accs = []
+        self._copying = set()  # names already said to take the copying path (debug, once)
         self._synchronized = False
         self._should_synchronize = True
         shared.client()  # fail early when init() was not called
-        self._register_hooks()
+        self._track([p for p in all_params if p.requires_grad])
 
-    def _register_hooks(self):
-        for p in self._requires_update:
+    def _track(self, params):
+        """Hooks `params` (new ones only) so that each posts its gradient as backward makes it."""
+        for p in params:
+            if id(p) in self._delay:
+                continue
+            self._requires_update.append(p)
+            self._delay[id(p)] = self.backward_passes_per_step
             p_tmp = p.expand_as(p)
             grad_acc = p_tmp.grad_fn.next_functions[0][0]
             grad_acc.register_hook(self._make_hook(p))
             self._grad_accs.append(grad_acc)
+
+    def add_param_group(self, param_group):
+        """Parameters added after construction are reduced too; unnamed ones are called
+        'param.<group>.<index>', which every worker must then add in the same order."""
+        super(self.__class__, self).add_param_group(param_group)
+        if not hasattr(self, "_names"):
+            return  # the base constructor's own calls: __init__ hooks everything afterwards
+        gi = len(self.param_groups) - 1
+        for pi, p in enumerate(self.param_groups[gi]["params"]):
+            self._names.setdefault(id(p), "param.%d.%d" % (gi, pi))
+        self._track([p for p in self.param_groups[gi]["params"] if p.requires_grad])
 
     def _make_hook(self, p):
         def hook(*ignore):
@@ -188,19 +228,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._post(p)
         return hook
 
-    def _registration(self, p, dtype):
-        entry = self._registrations.get(id(p))
-        if entry is not None and entry[1] == dtype:
-            return entry[2]
+    def _in_place_capable(self, p, dtype):
+        """Whether p's gradient can live in its shared region: the region holds it in p's own
+        layout (a host tensor, contiguous, sent in its own dtype). Otherwise it takes one copy in
+        and one out."""
+        return (self._compression is NoneCompressor and not p.is_cuda and dtype == p.dtype
+                and p.is_contiguous() and p.numel() > 0)
+
+    def _slot(self, p, dtype):
+        slot = self._slots.get(id(p))
+        if slot is not None and slot.dtype == dtype:
+            return slot
         client = shared.client()
-        if entry is not None:
-            client.unregister(entry[2])
+        if slot is not None:  # the dtype changed: its tensors keep their memory, not the daemon
+            client.unregister(slot.reg)
         wire, _ = shared.wire_dtype("allreduce", dtype, self._op)
         if wire not in (W.FLOAT32, W.FLOAT64, W.FLOAT16, W.BFLOAT16):
             raise SparsyncError("gradient of '%s' has dtype %s; DistributedOptimizer reduces "
                                 "float32/float64/float16/bfloat16" % (self._names[id(p)], dtype))
         compressor, density = self._sparsify.wire if self._sparsify else (0, 0.0)
         name = "gradient." + self._names[id(p)]
+        grad = None
         if p.is_cuda and p.numel() > 0:
             # CUDA IPC intake: a persistent device buffer the daemon reads and writes in place.
             buf = torch.empty(p.numel(), dtype=dtype, device=p.device)
@@ -210,38 +258,63 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             reg = client.register(name, W.OP_GRADIENT, wire, tuple(p.shape), self._op, 0,
                                   compressor, density)
-        self._registrations[id(p)] = (wire, dtype, reg)
-        return reg
+            if self._in_place_capable(p, dtype):
+                grad = shared.buffer_view(reg, dtype).view(p.shape)
+        slot = _Slot(reg, wire, dtype, grad)
+        self._slots[id(p)] = slot
+        return slot
 
     def _post(self, p):
         with shared.state.lock:
             grad = p.grad if p.grad is not None else torch.zeros_like(p)
             compressed, ctx = self._compression.compress(grad.detach())
-            reg = self._registration(p, compressed.dtype)
-            buf = reg.buffer
+            slot = self._slot(p, compressed.dtype)
+            reg = slot.reg
+            # Backward wrote the gradient where the daemon reads it: nothing to copy.
+            in_place = slot.grad is not None and _same_memory(compressed, slot.grad)
+            buf = slot.grad if in_place else reg.buffer
             if buf is None:
                 buf = shared.buffer_view(reg, compressed.dtype)
+                if self._names[id(p)] not in self._copying:
+                    self._copying.add(self._names[id(p)])
+                    _log.debug("gradient of '%s' copied into its shared buffer (%s)",
+                               self._names[id(p)],
+                               "first step, or its gradient was replaced" if slot.grad is not None
+                               else "its layout or compression keeps it out of shared memory")
             if buf.numel():
-                buf.copy_(compressed.reshape(-1))  # CUDA: queued on the current stream
+                if not in_place:
+                    buf.view(-1).copy_(compressed.reshape(-1))  # CUDA: on the current stream
                 if self._op == shared.Average and self.backward_passes_per_step > 1:
                     buf.mul_(1.0 / self.backward_passes_per_step)
+            slot.version = slot.grad._version if slot.grad is not None else None
             shared.client().post(reg, _cuda_stream(reg))
-            self._posted[id(p)] = (p, reg, ctx, compressed.dtype)
+            self._posted[id(p)] = (p, slot, ctx)
 
     def synchronize(self):
-        """Waits for every gradient's reduction and puts the result into p.grad."""
+        """Waits for every gradient's reduction and puts the result into p.grad: for a gradient
+        that lives in its shared buffer that is p.grad itself (no copy)."""
         for p in self._requires_update:
             if id(p) not in self._posted:
                 self._post(p)  # no gradient this step (or not enough passes): still take part
         client = shared.client()
         try:
-            for p, reg, ctx, sent_dtype in self._posted.values():
-                shared.wait(client, reg, _cuda_stream(reg))
-            for p, reg, ctx, sent_dtype in self._posted.values():
-                if reg.buffer is not None:  # the current stream waits for the daemon's copy
-                    result = reg.buffer.view(p.shape)
+            for p, slot, ctx in self._posted.values():
+                shared.wait(client, slot.reg, _cuda_stream(slot.reg))
+            for p, slot, ctx in self._posted.values():
+                if slot.grad is not None:
+                    if slot.grad._version != slot.version:
+                        raise SparsyncError(
+                            "the gradient of '%s' was modified while its reduction was in "
+                            "flight (between backward and step()); call optimizer.synchronize() "
+                            "before changing gradients (clipping, GradScaler.unscale_) and step() "
+                            "inside optimizer.skip_synchronize()" % self._names[id(p)])
+                    if p.grad is None or not _same_memory(p.grad, slot.grad):
+                        p.grad = slot.grad  # from now on backward accumulates into it
+                    continue
+                if slot.reg.buffer is not None:  # the current stream waits for the daemon's copy
+                    result = slot.reg.buffer.view(p.shape)
                 else:
-                    result = shared.buffer_view(reg, sent_dtype).reshape(p.shape)
+                    result = shared.buffer_view(slot.reg, slot.dtype).reshape(p.shape)
                 result = self._compression.decompress(result, ctx)
                 if p.grad is None:
                     p.grad = result.to(dtype=p.dtype, device=p.device, copy=True)
@@ -281,12 +354,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
     def unregister(self):
-        """Releases the shared gradient buffers (the optimizer is unusable afterwards)."""
+        """Releases the shared gradient buffers (the optimizer is unusable afterwards). Gradients
+        that live in them keep their values: the memory stays while a tensor holds it."""
         client = shared.state.client
-        for _, _, reg in self._registrations.values():
+        for slot in self._slots.values():
             if client is not None:
-                client.unregister(reg)
-        self._registrations.clear()
+                client.unregister(slot.reg)
+        self._slots.clear()
+
+
+def _same_memory(a, b):
+    """Whether `a` and `b` are the same elements in the same memory (one may be a view)."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.device == b.device)
 
 
 def _cuda_stream(reg):
@@ -313,5 +393,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                             "process_set are not supported by sparsync")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, sparsify)
+    wrapped = cls(optimizer.param_groups, named_parameters, compression,
+                  backward_passes_per_step, op, sparsify)
+    # Groups added later (add_param_group) take their missing settings from the optimizer the
+    # user made, not from the class's signature.
+    wrapped.defaults = dict(optimizer.defaults)
+    return wrapped

@@ -18,6 +18,7 @@ MAX_ERROR_BYTES = 512
 MAX_TENSORS_PER_WORKER = 65536
 CUDA_IPC_HANDLE_BYTES = 64
 MAX_CUDA_DEVICES = 1024
+MAX_PATH_BYTES = 1024
 
 # sparsync_msg_type
 MSG_HELLO = 1
@@ -28,6 +29,8 @@ MSG_READY = 5
 MSG_DONE = 6
 MSG_UNREGISTER = 7
 MSG_GOODBYE = 8
+MSG_TIMELINE = 9
+MSG_TIMELINE_REPLY = 10
 
 # sparsync_dtype
 FLOAT32 = 0
@@ -162,6 +165,10 @@ DONE = Message("sparsync_done", MSG_DONE, [
 UNREGISTER = Message("sparsync_unregister_msg", MSG_UNREGISTER, [
     ("tensor_id", "I"), ("reserved", "I")])
 GOODBYE = Message("sparsync_goodbye", MSG_GOODBYE, [])
+TIMELINE = Message("sparsync_timeline_msg", MSG_TIMELINE, [
+    ("start", "I"), ("path_len", "I"), ("path", f"{MAX_PATH_BYTES}s")])
+TIMELINE_REPLY = Message("sparsync_timeline_reply", MSG_TIMELINE_REPLY, [
+    ("status", "i"), ("reserved", "I"), ("message", _ERROR)])
 
 LAYOUTS = [HEADER, HELLO, HELLO_REPLY, REGISTER, REGISTER_REPLY, READY, DONE, UNREGISTER,
-           GOODBYE]
+           GOODBYE, TIMELINE, TIMELINE_REPLY]

@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 
+from sparsync import _hosts
 from sparsync._paths import find_daemon
 
 _GRACE_S = 5.0
@@ -258,6 +259,7 @@ def parse_args(argv):
                         "sockets before the job is abandoned (default: 60)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD...",
                    help="the worker command and its arguments")
+    _hosts.add_arguments(p)
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
@@ -265,6 +267,7 @@ def parse_args(argv):
         p.error("no command given")
     if args.np < 1:
         p.error("-np must be at least 1")
+    args.placed = _hosts.check_arguments(p, args)  # None: simulated nodes on this machine
     if args.nodes is None:
         args.nodes = args.np
     if args.nodes < 1 or args.np % args.nodes != 0:
@@ -281,7 +284,10 @@ def main(argv=None):
                          "build the project (cmake -S . -B build -G Ninja && cmake --build build)\n"
                          % (" at %s" % daemon if daemon else ""))
         return 127
-    launcher = Launcher(args.np, args.nodes, args.timeout_s, args.command, daemon)
+    if args.placed:
+        launcher = _hosts.MultiHostLauncher(args, args.placed, daemon, _Failure, _Interrupted)
+    else:
+        launcher = Launcher(args.np, args.nodes, args.timeout_s, args.command, daemon)
 
     interrupted = []
 

@@ -45,7 +45,7 @@ __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather",
     "allgather_async", "allgather_object", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "broadcast_object", "broadcast_parameters", "broadcast_optimizer_state",
-    "synchronize", "poll", "DistributedOptimizer",
+    "synchronize", "poll", "DistributedOptimizer", "start_timeline", "stop_timeline",
 ]
 
 def _env_float(name, default):
@@ -58,6 +58,29 @@ def _env_float(name, default):
         raise SparsyncError("%s=%r is not a number of seconds" % (name, value))
 
 
+_TIMELINE_ANSWER_S = 30.0  # the daemon answers at once; creating the file may take a moment
+
+
+def _client_or_raise():
+    client = _state.client
+    if client is None:
+        raise SparsyncError("sparsync is not initialized: call hvd.init() first")
+    return client
+
+
+def _env_int(name, slurm_name, default):
+    """(variable, value) of SPARSYNC_<name>, else of Slurm's variable (srun sets SLURM_LOCALID,
+    SLURM_PROCID and SLURM_NTASKS in each task), else (None, default)."""
+    for var in (name, slurm_name):
+        value = os.environ.get(var, "")
+        if value:
+            try:
+                return var, int(value)
+            except ValueError:
+                raise SparsyncError("%s=%r is not an integer" % (var, value))
+    return None, default
+
+
 def init(comm=None, process_sets=None):
     """Connects this worker to its node's sparsyncd (SPARSYNC_SOCKET). Idempotent.
 
@@ -67,11 +90,7 @@ def init(comm=None, process_sets=None):
             return
         path = os.environ.get("SPARSYNC_SOCKET") or default_socket_path()
         token = os.environ.get("SPARSYNC_JOB_TOKEN", "")
-        try:
-            local = int(os.environ.get("SPARSYNC_LOCAL_RANK", "0") or 0)
-        except ValueError:
-            raise SparsyncError("SPARSYNC_LOCAL_RANK=%r is not an integer"
-                                % os.environ["SPARSYNC_LOCAL_RANK"])
+        local_var, local = _env_int("SPARSYNC_LOCAL_RANK", "SLURM_LOCALID", 0)
         connect_s = _env_float("SPARSYNC_CONNECT_TIMEOUT_S", 10.0)
         daemon_timeout = _env_float("SPARSYNC_TIMEOUT_S", 300.0)
         _state.timeout_s = daemon_timeout + _DAEMON_GRACE_S
@@ -79,11 +98,16 @@ def init(comm=None, process_sets=None):
                                                                      _DAEMON_GRACE_S)
         cudart = os.environ.get("SPARSYNC_CUDART", "")  # for CUDA tensors; "": the default
         client = C.Client(path, token, local, connect_s, cudart)
-        expected = os.environ.get("SPARSYNC_RANK")
-        if expected not in (None, "") and int(expected) != client.world["rank"]:
-            client.close()
-            raise SparsyncError("sparsyncd at '%s' gave this worker rank %d, but SPARSYNC_RANK=%s"
-                                % (path, client.world["rank"], expected))
+        for var, fallback, key in (("SPARSYNC_RANK", "SLURM_PROCID", "rank"),
+                                   ("SPARSYNC_SIZE", "SLURM_NTASKS", "size")):
+            name, expected = _env_int(var, fallback, None)
+            if expected is not None and expected != client.world[key]:
+                client.close()
+                raise SparsyncError(
+                    "sparsyncd at '%s' gives this worker %s %d, but %s=%d (local rank %d from "
+                    "%s): the daemons' SPARSYNC_NUM_NODES and SPARSYNC_LOCAL_SIZE must match how "
+                    "the workers were started" % (path, key, client.world[key], name, expected,
+                                                  local, local_var or "the default"))
         _state.client = client
         _state.world = client.world
     atexit.register(shutdown)
@@ -138,6 +162,25 @@ def cross_size():
 
 def mpi_threads_supported():
     return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts the daemon's timeline: a Chrome trace (Perfetto, chrome://tracing) of where each
+    tensor and merge group spends its time (docs/operations.md). `file_path` is a file on the
+    daemon's machine, made absolute here; "{node}" in it stands for the node's rank (one file per
+    node); without it only node 0 records, as Horovod's coordinator does. Each worker may call
+    it: the first call of a node starts its daemon's file, the others change nothing. Starting
+    another file closes the current one. `mark_cycles` is accepted for Horovod's signature and
+    has no effect (the coordinator has no negotiation cycles to mark)."""
+    path = os.fsencode(os.path.abspath(os.fspath(file_path)))
+    if not path:
+        raise SparsyncError("start_timeline needs a file path")
+    _client_or_raise().timeline(path, _TIMELINE_ANSWER_S)
+
+
+def stop_timeline():
+    """Stops the daemon's timeline and closes its file (valid JSON). Without one, nothing."""
+    _client_or_raise().timeline(b"", _TIMELINE_ANSWER_S)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,7 +242,7 @@ def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0):
             buf = _buffer_view(reg, sent_dtype)
             flat = src.reshape(-1)
             if flat.numel():
-                buf.copy_(flat.to(device="cpu", dtype=sent_dtype))
+                buf.copy_(flat)  # one pass, converting dtype and device on the way
                 if prescale != 1.0:
                     buf.mul_(prescale)
             client.post(reg)
@@ -340,7 +383,7 @@ def _broadcast_async(tensor, output, root_rank, name):
         result = _buffer_view(reg, sent_dtype).reshape(shape)
         if output is None:
             return result.to(dtype=dtype, device=device, copy=True)
-        output.copy_(result.to(dtype=dtype))
+        output.copy_(result)  # one pass, converting the dtype on the way
         return output
 
     return _enqueue("broadcast", tensor, name, W.OP_BROADCAST, Sum, int(root_rank), finish)

@@ -1,7 +1,7 @@
 // nccl_staging_bench: what the NCCL transport's host staging costs, on a real GPU.
 //
-// The daemon's NcclTransport (made by CreateNcclTransport, the real CudaNcclApi underneath) sums
-// in two ways:
+// The daemon's NcclTransport (made by CreateNcclTransport, the real CudaNcclApi underneath, which
+// loads NCCL and the CUDA runtime at run time, as sparsyncd does) sums in two ways:
 //   staged     AllReduceSum on pageable host memory (what the executor hands it today):
 //              host -> pinned -> device -> ncclAllReduce -> device -> pinned -> host;
 //   on device  AllReduceSumOnDevice on a cudaMalloc'd buffer: ncclAllReduce in place, nothing
@@ -16,13 +16,14 @@
 // the device buffer after the warm-up and after the timed calls must equal the input bit for bit.
 //
 //   nccl_staging_bench [--iterations N] [--sizes 1000000,25000000,100000000] [--device N]
-//                      [--out FILE]
+//                      [--out FILE] [--cudart FILE] [--libnccl FILE]
 //
-// Prints one line per size, and a JSON line per size to FILE (--out).
-// Exit status: 0 passed; 1 a call or a check failed, or bad arguments; 2 no CUDA device.
-#include <cuda_runtime_api.h>
-#include <nccl.h>
-
+// --cudart and --libnccl name the libraries to load (SPARSYNC_CUDART and SPARSYNC_LIBNCCL for the
+// daemon); by default the CUDA toolkit's runtime and the NCCL that CMake found when it configured
+// the benchmark (tests/gpu/nccl/CMakeLists.txt). The benchmark's own buffers go through the same
+// runtime, so the process has one. Prints one line per size, and a JSON line per size to FILE
+// (--out). Exit status: 0 passed; 1 a call or a check failed, or bad arguments; 2 no CUDA device
+// (or no CUDA runtime that loads).
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -33,19 +34,31 @@
 #include <string>
 #include <vector>
 
+#include "daemon/device/cuda_runtime.h"
+#include "daemon/device/nccl_library.h"
 #include "daemon/transport/nccl/create_nccl_transport.h"
 #include "tests/unit/daemon/transport/memory_store.h"
+
+#ifndef SPARSYNC_BENCH_CUDART
+#define SPARSYNC_BENCH_CUDART ""  // the default search of LoadCudaRuntime
+#endif
+#ifndef SPARSYNC_BENCH_LIBNCCL
+#define SPARSYNC_BENCH_LIBNCCL ""  // libnccl.so.2
+#endif
 
 namespace sparsync::transport {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using device::CudaError;
+using device::CudaRuntime;
 
 struct Options {
   int iterations = 10;
   std::vector<size_t> sizes = {1000000, 25000000, 100000000};
   int device = 0;
   std::string out;
+  NcclLibraries libraries{SPARSYNC_BENCH_CUDART, SPARSYNC_BENCH_LIBNCCL};
 };
 
 struct Timing {
@@ -79,6 +92,10 @@ bool Parse(int argc, char** argv, Options* o) {
       o->device = static_cast<int>(n);
     } else if (a == "--out") {
       o->out = v;
+    } else if (a == "--cudart") {
+      o->libraries.cudart = v;
+    } else if (a == "--libnccl") {
+      o->libraries.libnccl = v;
     } else if (a == "--sizes") {
       o->sizes.clear();
       std::string list = v;
@@ -116,30 +133,37 @@ Timing Summarise(std::vector<double> ms) {
 
 double Millis(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-std::string CudaError(cudaError_t err) {
-  return std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")";
+// A copy on the legacy default stream, finished when it returns (from pageable memory the copy
+// may return before the DMA lands, hence the synchronisation). The transport's stream does not
+// wait for the default stream, so the caller's writes must be finished: its contract.
+CudaError CopyAndWait(const CudaRuntime& rt, void* dst, const void* src, size_t bytes, int kind) {
+  const CudaError err = rt.MemcpyAsync(dst, src, bytes, kind, nullptr);
+  return err != device::kCudaSuccess ? err : rt.StreamSynchronize(nullptr);
 }
 
 // A device buffer of the caller's, freed on scope exit.
 class DeviceBuffer {
  public:
+  explicit DeviceBuffer(const CudaRuntime& rt) : rt_(rt) {}
   ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
+    if (ptr_ != nullptr) (void)rt_.Free(ptr_);
   }
-  cudaError_t Allocate(size_t bytes) { return cudaMalloc(&ptr_, bytes); }
+  CudaError Allocate(size_t bytes) { return rt_.Malloc(&ptr_, bytes); }
   void* get() const { return ptr_; }
 
  private:
+  const CudaRuntime& rt_;
   void* ptr_ = nullptr;
 };
 
 // Compares `bytes` of device memory with `expected` (on the host), bit for bit.
-bool DeviceEquals(const void* device, const std::vector<float>& expected, std::string* error) {
+bool DeviceEquals(const CudaRuntime& rt, const void* device, const std::vector<float>& expected,
+                  std::string* error) {
   std::vector<float> back(expected.size(), -1.0f);
-  const cudaError_t err =
-      cudaMemcpy(back.data(), device, expected.size() * sizeof(float), cudaMemcpyDeviceToHost);
-  if (err != cudaSuccess) {
-    *error = "reading the device buffer back: " + CudaError(err);
+  const CudaError err = CopyAndWait(rt, back.data(), device, expected.size() * sizeof(float),
+                                    device::kCudaMemcpyDeviceToHost);
+  if (err != device::kCudaSuccess) {
+    *error = rt.Describe(err, "reading the device buffer back");
     return false;
   }
   if (std::memcmp(back.data(), expected.data(), expected.size() * sizeof(float)) != 0) {
@@ -153,7 +177,8 @@ bool DeviceEquals(const void* device, const std::vector<float>& expected, std::s
 }
 
 // Times one size; returns the process exit status (0 or 1).
-int RunSize(Transport& t, const Options& o, size_t count, uint32_t* tag, FILE* out) {
+int RunSize(const CudaRuntime& rt, Transport& t, const Options& o, size_t count, uint32_t* tag,
+            FILE* out) {
   const size_t bytes = count * sizeof(float);
   const std::string label = Label(count) + " float32";
   // Values a one-rank sum must leave bit for bit: finite, no -0, not all equal.
@@ -161,15 +186,14 @@ int RunSize(Transport& t, const Options& o, size_t count, uint32_t* tag, FILE* o
   for (size_t i = 0; i < count; ++i) input[i] = static_cast<float>(i % 1000) * 0.25f + 0.125f;
   std::vector<float> host = input;  // pageable, as the executor hands it
 
-  DeviceBuffer device;
-  cudaError_t err = device.Allocate(bytes);
-  if (err == cudaSuccess) {
-    err = cudaMemcpy(device.get(), input.data(), bytes, cudaMemcpyHostToDevice);
+  DeviceBuffer device(rt);
+  CudaError err = device.Allocate(bytes);
+  if (err == device::kCudaSuccess) {
+    err = CopyAndWait(rt, device.get(), input.data(), bytes, device::kCudaMemcpyHostToDevice);
   }
-  // From pageable memory cudaMemcpy may return before the DMA lands, and the transport's stream
-  // does not wait for the default stream: the caller's writes must be finished (the contract).
-  if (err == cudaSuccess) err = cudaDeviceSynchronize();
-  if (err != cudaSuccess) return Fail(label + ": preparing the device buffer: " + CudaError(err));
+  if (err != device::kCudaSuccess) {
+    return Fail(rt.Describe(err, label + ": preparing the device buffer"));
+  }
 
   auto staged_call = [&]() -> int {
     Status st = t.AllReduceSum(host.data(), count, ElementType::kFloat32, (*tag)++);
@@ -193,7 +217,7 @@ int RunSize(Transport& t, const Options& o, size_t count, uint32_t* tag, FILE* o
 
   // Warm-up: the staging buffers grow to this size, NCCL sets up its kernels for it.
   if (staged_call() != 0 || host_unchanged("(warm-up)") != 0 || device_call() != 0) return 1;
-  if (!DeviceEquals(device.get(), input, &error)) {
+  if (!DeviceEquals(rt, device.get(), input, &error)) {
     return Fail(label +
                 ": AllReduceSumOnDevice over one rank changed the data (warm-up): " + error);
   }
@@ -210,7 +234,7 @@ int RunSize(Transport& t, const Options& o, size_t count, uint32_t* tag, FILE* o
     if (device_call() != 0) return 1;
     device_ms.push_back(Millis(Clock::now() - start));
   }
-  if (!DeviceEquals(device.get(), input, &error)) {
+  if (!DeviceEquals(rt, device.get(), input, &error)) {
     return Fail(label + ": AllReduceSumOnDevice over one rank changed the data: " + error);
   }
 
@@ -242,28 +266,30 @@ int RunSize(Transport& t, const Options& o, size_t count, uint32_t* tag, FILE* o
 }
 
 int Main(const Options& o) {
-  int devices = 0;
-  const cudaError_t err = cudaGetDeviceCount(&devices);
-  if (err != cudaSuccess || devices <= o.device) {
-    std::fprintf(stderr, "no GPU: CUDA device %d is not there (%s)\n", o.device,
-                 err != cudaSuccess ? CudaError(err).c_str()
-                                    : (std::to_string(devices) + " devices").c_str());
+  std::string error;
+  auto rt = device::LoadCudaRuntime(o.libraries.cudart, &error);
+  if (rt == nullptr) {
+    std::fprintf(stderr, "no GPU: %s\n", error.c_str());
     return 2;
   }
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, o.device) != cudaSuccess) {
-    std::snprintf(prop.name, sizeof(prop.name), "unknown");
+  int devices = 0;
+  const CudaError err = rt->GetDeviceCount(&devices);
+  if (err != device::kCudaSuccess || devices <= o.device) {
+    std::fprintf(stderr, "no GPU: CUDA device %d is not there (%s)\n", o.device,
+                 err != device::kCudaSuccess
+                     ? rt->Describe(err, "cudaGetDeviceCount of " + rt->library).c_str()
+                     : (std::to_string(devices) + " devices").c_str());
+    return 2;
   }
-  if (cudaSetDevice(o.device) != cudaSuccess) return Fail("cudaSetDevice");
-  int nccl_version = 0;
-  (void)ncclGetVersion(&nccl_version);
-  int runtime_version = 0;
-  (void)cudaRuntimeGetVersion(&runtime_version);
+  if (rt->SetDevice(o.device) != device::kCudaSuccess) return Fail("cudaSetDevice");
+  auto nccl = device::LoadNccl(o.libraries.libnccl, &error);
+  if (nccl == nullptr) return Fail(error);
+  const int v = nccl->version;
   std::printf(
-      "nccl_staging_bench: CUDA device %d (%s), NCCL %d.%d.%d, CUDA runtime %d.%d; median of %d "
+      "nccl_staging_bench: CUDA device %d, NCCL %d.%d.%d (%s), CUDA runtime %s; median of %d "
       "calls per size\n",
-      o.device, prop.name, nccl_version / 10000, nccl_version / 100 % 100, nccl_version % 100,
-      runtime_version / 1000, runtime_version / 10 % 100, o.iterations);
+      o.device, v / 10000, v / 100 % 100, v % 100, nccl->library.c_str(), rt->library.c_str(),
+      o.iterations);
 
   std::unique_ptr<FILE, int (*)(FILE*)> out(nullptr, std::fclose);
   if (!o.out.empty()) {
@@ -273,15 +299,15 @@ int Main(const Options& o) {
 
   MemoryStore store;
   const auto start = Clock::now();
-  auto created =
-      CreateNcclTransport(/*rank=*/0, /*size=*/1, &store, std::chrono::seconds(60), o.device);
+  auto created = CreateNcclTransport(/*rank=*/0, /*size=*/1, &store, std::chrono::seconds(60),
+                                     o.device, o.libraries);
   if (!created.ok()) return Fail("creating the NCCL transport: " + created.status().ToString());
   std::printf("nccl_staging_bench: one-rank communicator ready in %.0f ms\n",
               Millis(Clock::now() - start));
   std::fflush(stdout);
   uint32_t tag = 1;
   for (size_t count : o.sizes) {
-    if (RunSize(**created, o, count, &tag, out.get()) != 0) return 1;
+    if (RunSize(*rt, **created, o, count, &tag, out.get()) != 0) return 1;
   }
   return 0;
 }
@@ -294,7 +320,7 @@ int main(int argc, char** argv) {
   if (!sparsync::transport::Parse(argc, argv, &o)) {
     std::fprintf(stderr,
                  "usage: nccl_staging_bench [--iterations N] [--sizes N,N,...] [--device N] "
-                 "[--out FILE]\n");
+                 "[--out FILE] [--cudart FILE] [--libnccl FILE]\n");
     return 1;
   }
   return sparsync::transport::Main(o);

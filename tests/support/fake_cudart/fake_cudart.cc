@@ -1,18 +1,26 @@
-// A fake CUDA runtime for CPU-only machines: the subset of libcudart's C API that the CUDA IPC
-// intake uses (proto/intake/cuda_runtime.h), plus cudaMalloc/cudaFree/cudaMemcpy for test code.
-// Loaded through SPARSYNC_CUDART by the daemon and by workers, in place of libcudart.
+// A fake CUDA runtime for CPU-only machines: the subset of libcudart's C API that the daemon
+// binds (daemon/device/cuda_runtime.h: the CUDA IPC intake, the device reduce paths, the NCCL
+// transport), plus cudaMemcpy for test code. Loaded through SPARSYNC_CUDART by the daemon and by
+// workers, in place of libcudart.
 //
 //   device memory  memfd-backed host mappings; an IPC handle carries (pid, fd, size, id) and the
 //                  importer maps /proc/<pid>/fd/<fd>, so two processes share the bytes as two
 //                  processes share a real allocation through CUDA IPC.
+//   pinned memory  cudaMallocHost: page-aligned host memory, tracked so that cudaFreeHost can
+//                  refuse what it did not hand out.
 //   events         a small shared memfd record whose counter each cudaEventRecord increments.
-//   streams        work runs at once (copies are synchronous), in call order.
+//   streams        work runs at once (copies are synchronous), in call order, so cudaStreamQuery
+//                  always finds a stream drained.
+//   devices        4, or as many as sparsync_fake_cuda_set_devices says (0: cudaGetDeviceCount
+//                  fails with cudaErrorNoDevice, as on a machine without a GPU).
 //
 // It is stricter than CUDA where a real GPU would fail silently or later: waiting on an event
 // that was never recorded, closing a handle that is not open, destroying an unknown event or
 // stream, and copies that leave a device allocation fail and are listed as misuse
 // (sparsync_fake_cuda_misuse). Every wait, record and copy is appended to a journal that tests
-// read to check the order of operations (sparsync_fake_cuda_journal).
+// read to check the order of operations (sparsync_fake_cuda_journal). sparsync_fake_cuda_fail_next
+// makes the next cudaMalloc, cudaMallocHost, cudaMemcpyAsync or cudaStreamQuery fail with a given
+// error; cudaGetLastError returns (and resets) the calling thread's last error.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -22,12 +30,14 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -36,13 +46,13 @@ namespace {
 constexpr int kSuccess = 0;
 constexpr int kInvalidValue = 1;
 constexpr int kMemoryAllocation = 2;
+constexpr int kNoDevice = 100;
 constexpr int kInvalidDevice = 101;
 constexpr int kInvalidResourceHandle = 400;
 constexpr int kNotReady = 600;
 constexpr int kHostMemoryAlreadyRegistered = 712;
 constexpr int kHostMemoryNotRegistered = 713;
 
-constexpr int kDevices = 4;
 constexpr unsigned kInterprocess = 0x04;
 constexpr unsigned kDisableTiming = 0x02;
 constexpr uint32_t kMemMagic = 0x4d465343;    // handle of a fake allocation
@@ -92,7 +102,10 @@ struct State {
   std::map<std::pair<int32_t, uint64_t>, uintptr_t> imported;  // (pid, id) -> base
   std::map<void*, Event> events;
   std::set<void*> streams;
-  std::map<uintptr_t, size_t> pinned;  // page-locked host ranges: start -> bytes
+  std::map<uintptr_t, size_t> pinned;        // page-locked host ranges: start -> bytes
+  std::map<void*, size_t> host_allocations;  // cudaMallocHost: start -> bytes
+  std::map<std::string, int> fail_next;      // call name -> error to return once
+  int devices = 4;
   std::vector<std::string> journal;
   std::vector<std::string> misuse;
   uint64_t next_id = 1;
@@ -104,6 +117,13 @@ State& S() {
 }
 
 thread_local int current_device = 0;
+thread_local int last_error = 0;  // cudaGetLastError
+
+// Returns `code`, and makes it the calling thread's last error when it is one.
+int Result(int code) {
+  if (code != kSuccess) last_error = code;
+  return code;
+}
 
 size_t PageRound(size_t bytes) {
   size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -112,7 +132,17 @@ size_t PageRound(size_t bytes) {
 
 int Misuse(State& s, int code, std::string what) {  // REQUIRES: s.mu held
   s.misuse.push_back(std::move(what));
-  return code;
+  return Result(code);
+}
+
+// True, with *code set, when a failure was injected for `call`. REQUIRES: s.mu held.
+bool TakeInjected(State& s, const char* call, int* code) {
+  auto it = s.fail_next.find(call);
+  if (it == s.fail_next.end()) return false;
+  *code = Result(it->second);
+  s.fail_next.erase(it);
+  s.journal.push_back(std::string("fail ") + call);
+  return true;
 }
 
 // The allocation holding [p, p + bytes), or null. REQUIRES: s.mu held.
@@ -197,15 +227,21 @@ size_t CopyOut(const std::vector<std::string>& lines, char* buf, size_t len) {
 extern "C" {
 
 int cudaGetDeviceCount(int* count) {
-  *count = kDevices;
-  return kSuccess;
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  *count = s.devices;
+  return Result(s.devices > 0 ? kSuccess : kNoDevice);
 }
 
 int cudaSetDevice(int device) {
-  if (device < 0 || device >= kDevices) return kInvalidDevice;
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  if (device < 0 || device >= s.devices) return Result(s.devices > 0 ? kInvalidDevice : kNoDevice);
   current_device = device;
   return kSuccess;
 }
+
+int cudaGetLastError() { return std::exchange(last_error, kSuccess); }
 
 int cudaGetDevice(int* device) {
   *device = current_device;
@@ -214,6 +250,11 @@ int cudaGetDevice(int* device) {
 
 int cudaMalloc(void** ptr, size_t bytes) {
   State& s = S();
+  {
+    std::lock_guard lock(s.mu);
+    int code = kSuccess;
+    if (TakeInjected(s, "cudaMalloc", &code)) return code;
+  }
   size_t mapped = PageRound(bytes);
   int fd = memfd_create("fake-cuda", MFD_CLOEXEC);
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
@@ -467,7 +508,49 @@ int cudaStreamSynchronize(void* stream) {
 }
 
 int cudaMemcpyAsync(void* dst, const void* src, size_t bytes, int kind, void* stream) {
+  {
+    State& s = S();
+    std::lock_guard lock(s.mu);
+    int code = kSuccess;
+    if (TakeInjected(s, "cudaMemcpyAsync", &code)) return code;
+  }
   return Copy(dst, src, bytes, kind, stream);
+}
+
+// Work runs at once, so every known stream has drained.
+int cudaStreamQuery(void* stream) {
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  int code = kSuccess;
+  if (TakeInjected(s, "cudaStreamQuery", &code)) return code;
+  if (!KnownStream(s, stream))
+    return Misuse(s, kInvalidResourceHandle, "cudaStreamQuery of an unknown stream");
+  return kSuccess;
+}
+
+int cudaMallocHost(void** ptr, size_t bytes) {
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  int code = kSuccess;
+  if (TakeInjected(s, "cudaMallocHost", &code)) return code;
+  if (ptr == nullptr) return Misuse(s, kInvalidValue, "cudaMallocHost with a null pointer");
+  void* p = std::aligned_alloc(static_cast<size_t>(sysconf(_SC_PAGESIZE)), PageRound(bytes));
+  if (p == nullptr) return Result(kMemoryAllocation);
+  s.host_allocations[p] = bytes;
+  *ptr = p;
+  return kSuccess;
+}
+
+int cudaFreeHost(void* ptr) {
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  auto it = s.host_allocations.find(ptr);
+  if (it == s.host_allocations.end()) {
+    return Misuse(s, kInvalidValue, "cudaFreeHost of a pointer that cudaMallocHost did not return");
+  }
+  s.host_allocations.erase(it);
+  std::free(ptr);
+  return kSuccess;
 }
 
 int cudaMemsetAsync(void* ptr, int value, size_t bytes, void* stream) {
@@ -525,6 +608,8 @@ const char* cudaGetErrorName(int error) {
       return "cudaErrorInvalidValue";
     case kMemoryAllocation:
       return "cudaErrorMemoryAllocation";
+    case kNoDevice:
+      return "cudaErrorNoDevice";
     case kInvalidDevice:
       return "cudaErrorInvalidDevice";
     case kInvalidResourceHandle:
@@ -547,6 +632,8 @@ const char* cudaGetErrorString(int error) {
       return "invalid argument";
     case kMemoryAllocation:
       return "out of memory";
+    case kNoDevice:
+      return "no CUDA-capable device is detected";
     case kInvalidDevice:
       return "invalid device ordinal";
     case kInvalidResourceHandle:
@@ -597,7 +684,8 @@ int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned, un
 // ---- Test-only inspection. ----
 
 // Live objects of a kind: "ipc_memory" (opened handles, counting repeats), "events", "streams",
-// "allocations" (this process's cudaMalloc), "pinned" (cudaHostRegister ranges).
+// "allocations" (this process's cudaMalloc), "pinned" (cudaHostRegister ranges),
+// "host_allocations" (cudaMallocHost).
 int sparsync_fake_cuda_live(const char* what) {
   State& s = S();
   std::lock_guard lock(s.mu);
@@ -613,6 +701,8 @@ int sparsync_fake_cuda_live(const char* what) {
     n = static_cast<int>(s.streams.size());
   } else if (w == "pinned") {
     n = static_cast<int>(s.pinned.size());
+  } else if (w == "host_allocations") {
+    n = static_cast<int>(s.host_allocations.size());
   } else {
     n = -1;
   }
@@ -651,6 +741,31 @@ uint64_t sparsync_fake_cuda_event_id(void* event) {
   std::lock_guard lock(s.mu);
   auto it = s.events.find(event);
   return it == s.events.end() ? 0 : it->second.record->id;
+}
+
+// The device of the allocation (cudaMalloc'd, or opened through CUDA IPC) that holds
+// [ptr, ptr + bytes), or -1 when no allocation does: how the fake NCCL checks its buffers.
+int sparsync_fake_cuda_device_of(const void* ptr, size_t bytes) {
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  const Allocation* a = Holding(s, ptr, bytes);
+  return a == nullptr ? -1 : a->device;
+}
+
+// The number of devices cudaGetDeviceCount reports from now on (4 at first).
+void sparsync_fake_cuda_set_devices(int devices) {
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  s.devices = std::max(devices, 0);
+}
+
+// The next call named `call` (cudaMalloc, cudaMallocHost, cudaMemcpyAsync, cudaStreamQuery)
+// returns `error` without doing anything. A later injection for the same name replaces an unused
+// one.
+void sparsync_fake_cuda_fail_next(const char* call, int error) {
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  if (call) s.fail_next[call] = error;
 }
 
 }  // extern "C"

@@ -1,4 +1,5 @@
-// Random-k: same draws as the reference, uniformity, and the shared-seed mode.
+// Random-k: same draws as the reference, uniformity, the shared-seed mode, and the unbiased
+// (d/k-scaled) form.
 
 #include <gtest/gtest.h>
 
@@ -30,6 +31,29 @@ TEST_P(RandomKSweep, CpuEqualsReferenceAndIsAValidSet) {
   testing::ExpectStrictlyAscending(actual.indices);
   for (size_t j = 0; j < actual.indices.size(); ++j) {
     ASSERT_TRUE(testing::SameBits(actual.values[j], x[static_cast<size_t>(actual.indices[j])]));
+  }
+}
+
+// The unbiased form: the same set as the unscaled one, each value RandomKScaled(x_i, d/k), and the
+// CPU kernel sends the reference's bits.
+TEST_P(RandomKSweep, UnbiasedScalesTheSameSetByDOverK) {
+  const auto [n, density] = GetParam();
+  const std::vector<float> x = MakeData(DataKind::kHeavyTailed, n, 22);
+  SparsifierOptions o;
+  o.density = density;
+  SparsifierOptions unbiased = o;
+  unbiased.unbiased = true;
+  SparsifyContext ctx;
+  ctx.seed = 0x5EED + static_cast<uint64_t>(n);
+  const auto plain = Apply(*testing::MustMake("randomk", o), x, ctx);
+  const auto scaled = Apply(*testing::MustMake("randomk", unbiased), x, ctx);
+  testing::ExpectSameSelection(scaled,
+                               Apply(*testing::MustMake("reference:randomk", unbiased), x, ctx));
+  ASSERT_EQ(scaled.indices, plain.indices);
+  const double scale = static_cast<double>(n) / static_cast<double>(SelectedCount(n, density));
+  for (size_t j = 0; j < scaled.indices.size(); ++j) {
+    const float want = static_cast<float>(static_cast<double>(plain.values[j]) * scale);
+    ASSERT_TRUE(testing::SameBits(scaled.values[j], want)) << j;
   }
 }
 
@@ -92,6 +116,65 @@ TEST(RandomKTest, EveryIndexIsEquallyLikely) {
   }
   // chi2 with 99 dof (scaled by 0.9 for sampling without replacement): mean ~89, sd ~13.
   EXPECT_LT(chi2, 89 + 5 * 13.3);
+}
+
+TEST(RandomKTest, UnbiasedIsRefusedForOtherSparsifiers) {
+  SparsifierOptions o;
+  o.unbiased = true;
+  for (const char* name : {"topk", "reference:wangni", "dgc"}) {
+    auto made = MakeSparsifier(name, o);
+    ASSERT_FALSE(made.ok()) << name;
+    EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(made.status().message().find("randomk only"), std::string::npos) << name;
+  }
+  EXPECT_TRUE(MakeSparsifier("reference:randomk", o).ok());
+}
+
+// Mean of T draws of Q(x) for one x: unbiased scaling makes it approach x; E||mean - x||^2 is
+// exactly sum_i x_i^2 (d/k - 1) / T for uniform sampling of k of d. The unscaled form's mean is
+// (k/d) x: it misses 1 - rho of x in every direction.
+struct MeanOfDraws {
+  double along = 0;           // <mean, x> / ||x||^2: 1 when unbiased
+  double relative_error = 0;  // ||mean - x|| / ||x||
+};
+
+MeanOfDraws MeanOverDraws(bool unbiased, int64_t d, double density, int trials) {
+  const std::vector<float> x = MakeData(DataKind::kNormal, d, 31);
+  SparsifierOptions o;
+  o.density = density;
+  o.unbiased = unbiased;
+  auto s = testing::MustMake("randomk", o);
+  std::vector<double> mean(static_cast<size_t>(d), 0.0);
+  for (int t = 0; t < trials; ++t) {
+    SparsifyContext ctx;
+    ctx.seed = 1000 + static_cast<uint64_t>(t);
+    const auto q = Apply(*s, x, ctx);
+    for (size_t j = 0; j < q.indices.size(); ++j) mean[q.indices[j]] += q.values[j] / trials;
+  }
+  double x2 = 0, dot = 0, err2 = 0;
+  for (int64_t i = 0; i < d; ++i) {
+    x2 += static_cast<double>(x[i]) * x[i];
+    dot += mean[i] * x[i];
+    err2 += (mean[i] - x[i]) * (mean[i] - x[i]);
+  }
+  return {dot / x2, std::sqrt(err2 / x2)};
+}
+
+TEST(RandomKTest, UnbiasedMeanApproachesTheInputAtUniformSamplingsRate) {
+  const int64_t d = 4000;
+  const double density = 0.05;  // k = 200, d/k = 20
+  const int trials = 300;
+  const MeanOfDraws scaled = MeanOverDraws(true, d, density, trials);
+  // Normal data, so that no coordinate dominates. Along x: mean 1, sd at most
+  // sqrt((d/k - 1) / T * sum x^4) / ||x||^2 = sqrt(19 / 300 * 3 / 4000) = 0.007.
+  EXPECT_NEAR(scaled.along, 1.0, 0.05);
+  // The whole error: sqrt((d/k - 1) / T) = 0.252 in expectation, relative sd about
+  // sqrt(2 sum x^4) / ||x||^2 / 2 = 0.02; allowed 10 %.
+  const double expected = std::sqrt((20.0 - 1.0) / trials);
+  EXPECT_NEAR(scaled.relative_error, expected, 0.1 * expected);
+  const MeanOfDraws plain = MeanOverDraws(false, d, density, trials);
+  EXPECT_NEAR(plain.along, density, 0.02) << "the unscaled form sends (k/d) x in expectation";
+  EXPECT_GT(plain.relative_error, 0.9);
 }
 
 }  // namespace

@@ -77,6 +77,15 @@ sparsync_status sparsync_get_world(sparsync_client* client, sparsync_world* out)
 sparsync_status sparsync_register_tensor(sparsync_client* client, const sparsync_tensor_spec* spec,
                                          uint32_t* tensor_id, void** data, uint64_t* bytes);
 
+/* sparsync_register_tensor, except that the caller maps the buffer: *fd is the tensor's memfd
+ * (the caller owns it: map it MAP_SHARED, `*bytes` bytes, then close it) and the library maps
+ * nothing. The caller's mapping stays valid after sparsync_unregister_tensor and sparsync_close
+ * (the memory lives as long as a mapping of it does), so a framework can hand out tensors over
+ * it whose lifetime it does not control. */
+sparsync_status sparsync_register_tensor_fd(sparsync_client* client,
+                                            const sparsync_tensor_spec* spec, uint32_t* tensor_id,
+                                            int* fd, uint64_t* bytes);
+
 /* The buffer of `tensor_id` holds this worker's input: start the collective (non-blocking). */
 sparsync_status sparsync_post_ready(sparsync_client* client, uint32_t tensor_id);
 
@@ -115,6 +124,11 @@ sparsync_status sparsync_post_ready_cuda(sparsync_client* client, uint32_t tenso
  * must not read the buffer before that work (or a cudaStreamSynchronize) has run. */
 sparsync_status sparsync_wait_done_cuda(sparsync_client* client, uint32_t tensor_id,
                                         double timeout_s, void* stream);
+
+/* Starts the daemon's timeline into `path` (a file on the daemon's machine; "{node}" in it stands
+ * for the node's rank, and without it only node 0 records), or stops it (`path` NULL or "").
+ * Waits up to `timeout_s` seconds for the daemon's answer. */
+sparsync_status sparsync_timeline(sparsync_client* client, const char* path, double timeout_s);
 
 /* The message of the last failing call on this handle ("" if none). Valid until the next call. */
 const char* sparsync_last_error(sparsync_client* client);

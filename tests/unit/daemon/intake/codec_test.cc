@@ -224,6 +224,42 @@ TEST(CodecTest, AcceptsCudaTensorsOfInPlaceOps) {
   }
 }
 
+// TIMELINE: a start names a path (no NUL, within the limit), a stop names none.
+TEST(CodecTest, TimelineStartsWithAPathAndStopsWithout) {
+  sparsync_timeline_msg t{};
+  FillHeader(&t.header, SPARSYNC_MSG_TIMELINE, sizeof(t));
+  t.start = 1;
+  const std::string path = "/var/log/sparsync/t-{node}.json";
+  t.path_len = static_cast<uint32_t>(path.size());
+  std::memcpy(t.path, path.data(), path.size());
+  auto ok = DecodeStruct(t);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(TimelinePath(std::get<sparsync_timeline_msg>(*ok)), path);
+  sparsync_timeline_msg stop{};
+  FillHeader(&stop.header, SPARSYNC_MSG_TIMELINE, sizeof(stop));
+  auto stopped = DecodeStruct(stop);
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(TimelinePath(std::get<sparsync_timeline_msg>(*stopped)), "");
+  struct Bad {
+    uint32_t start, len;
+    bool nul;
+    const char* phrase;
+  };
+  for (const Bad& b : {Bad{1, 0, false, "path length"}, Bad{1, SPARSYNC_MAX_PATH_BYTES + 1, false,
+                                                            "path length"},
+                       Bad{1, 8, true, "NUL"}, Bad{0, 3, false, "no path"},
+                       Bad{2, 3, false, "0 or 1"}}) {
+    sparsync_timeline_msg m = t;
+    m.start = b.start;
+    m.path_len = b.len;
+    if (b.nul) m.path[3] = '\0';
+    auto decoded = DecodeStruct(m);
+    ASSERT_FALSE(decoded.ok()) << b.phrase;
+    EXPECT_NE(decoded.status().message().find(b.phrase), std::string::npos)
+        << decoded.status().message();
+  }
+}
+
 TEST(CodecTest, RejectsEveryMalformedMessageWithAReason) {
   for (const Malformed& m : Corpus()) {
     std::vector<char> bytes = m.make();

@@ -318,6 +318,36 @@ TEST_P(NodeAgentModeTest, PlansAreTakenOutAndGroupsCheckedAgainstThem) {
   EXPECT_TRUE(Contains(got[5].fatal.message(), "plan v2")) << got[5].fatal.message();
 }
 
+// The timeline and the metrics hear of each plan as it reaches the executor, and each entry
+// carries when this node received it.
+TEST_P(NodeAgentModeTest, PlansReachTheObserverAndEntriesAreStamped) {
+  class Plans : public observe::Observer {
+   public:
+    void OnGroup(const observe::GroupView&) override {}
+    void OnPlan(const observe::PlanView& p) override {
+      std::lock_guard lock(mu);
+      seen.push_back(std::to_string(p.version) + " " + std::string(p.planner) + " " +
+                     std::to_string(p.groups));
+    }
+    std::mutex mu;
+    std::vector<std::string> seen;
+  } plans;
+  link_.PushPollAnswer(std::vector<ScheduleEntry>{Plan(1, 1, {{1, 2}, {3}}),
+                                                  Group(2, {1, 2}, 1, 0)});
+  const auto before = std::chrono::steady_clock::now();
+  auto agent = std::make_unique<NodeAgent>(&link_, kRank, GetParam(), &failure_, 10s, &plans);
+  agent_ = agent.get();
+  agent->Start();
+  Know(*agent, 3);
+  auto got = Collect(*agent, 1, 5s);
+  agent->Stop();
+  ASSERT_EQ(Seqs(got), std::vector<uint64_t>{2});
+  EXPECT_GE(got[0].received_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    before.time_since_epoch()).count());
+  std::lock_guard lock(plans.mu);
+  EXPECT_EQ(plans.seen, std::vector<std::string>{"1 omgs 2"});
+}
+
 INSTANTIATE_TEST_SUITE_P(RemoteAndDirect, NodeAgentModeTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Direct" : "Remote"; });
 

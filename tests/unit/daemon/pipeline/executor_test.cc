@@ -620,6 +620,79 @@ TEST(ExecutorTest, ReportsWhatEachGradientGroupCost) {
   EXPECT_FALSE(costs[1].sparse) << "below min_compress_bytes: dense";
 }
 
+// The observer (the timeline, the metrics) hears of every entry on stage B: before its exchange
+// and when it is done, with its tensors, its path and the times of its stages in order; the
+// entry's receipt time comes from the agent.
+TEST(ExecutorTest, TellsTheObserverAboutEveryEntry) {
+  struct Seen {
+    observe::GroupView view;
+    std::vector<std::string> names;
+    std::vector<int64_t> ready;
+  };
+  class Recorder : public observe::Observer {
+   public:
+    void OnExchange(const observe::GroupView& g) override { Keep(g, &exchanges); }
+    void OnGroup(const observe::GroupView& g) override { Keep(g, &groups); }
+    void Keep(const observe::GroupView& g, std::vector<Seen>* to) {
+      Seen s{g, {}, {}};
+      for (const auto& t : g.tensors) {
+        s.names.push_back(*t.name);
+        s.ready.push_back(t.ready_ns);
+      }
+      s.view.tensors = {};
+      std::lock_guard lock(mu);
+      to->push_back(std::move(s));
+    }
+    std::mutex mu;
+    std::vector<Seen> exchanges, groups;
+  } recorder;
+  const std::vector<TensorSpec> specs = {{"a", 6000}, {"b", 2000}, {"c", 10}};
+  auto hub = std::make_shared<transport::LoopbackHub>(1);
+  transport::LoopbackTransport loopback(hub, 0);
+  ExecutorOptions options;
+  options.observer = &recorder;
+  Node node(World{0, 1, 1}, specs, &loopback, SparseConfig(), options,
+            [](const Status& st) { ADD_FAILURE() << st.ToString(); });
+  node.executor().Start();
+  node.Post(1);
+  auto entries = Schedule({{0, 1}, {2}}, 1);
+  const int64_t received = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+  for (auto& e : entries) e.received_ns = received;
+  node.feed().Push(entries);
+  for (const auto& d : node.ReadDones(std::chrono::seconds(10))) {
+    EXPECT_EQ(d.status, SPARSYNC_OK) << d.message;
+  }
+  node.executor().Stop();
+  std::lock_guard lock(recorder.mu);
+  ASSERT_EQ(recorder.exchanges.size(), 2u);
+  ASSERT_EQ(recorder.groups.size(), 2u);
+  const Seen& sparse = recorder.groups[0];
+  EXPECT_EQ(sparse.view.seq, 1u);
+  EXPECT_EQ(sparse.names, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(sparse.view.sparse);
+  EXPECT_EQ(sparse.view.op, CollectiveOp::kGradient);
+  EXPECT_EQ(sparse.view.elements, 8000u);
+  EXPECT_EQ(sparse.view.dense_bytes, 32000u);
+  EXPECT_EQ(sparse.view.step, 1u);
+  EXPECT_STREQ(sparse.view.path, "host sparse");
+  EXPECT_TRUE(sparse.view.ok);
+  EXPECT_EQ(sparse.view.received_ns, received);
+  for (int64_t r : sparse.ready) EXPECT_GT(r, 0);
+  const observe::GroupView& v = sparse.view;
+  EXPECT_LE(v.prepare_begin_ns, v.prepare_end_ns);
+  EXPECT_LE(v.prepare_end_ns, v.exchange_begin_ns);
+  EXPECT_LE(v.exchange_begin_ns, v.exchange_end_ns);
+  EXPECT_LE(v.exchange_end_ns, v.deliver_end_ns);
+  EXPECT_GT(v.prepare_begin_ns, 0);
+  // Before the exchange the later stages have not run.
+  EXPECT_EQ(recorder.exchanges[0].view.exchange_end_ns, 0);
+  EXPECT_EQ(recorder.exchanges[0].view.deliver_end_ns, 0);
+  EXPECT_FALSE(recorder.groups[1].view.sparse) << "below min_compress_bytes: dense";
+  EXPECT_EQ(recorder.groups[1].names, std::vector<std::string>{"c"});
+}
+
 // A plan announcement (a plan, no group) is for the node agent only: the executor prepares and
 // exchanges nothing for it and sends no DONE, and the groups around it, in the same batch or
 // not, run as if it were not there. Both with the two stages' threads and one entry at a time.

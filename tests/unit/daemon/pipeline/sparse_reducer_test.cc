@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <iomanip>
+#include <iostream>
 #include <random>
 #include <thread>
 
@@ -218,6 +221,149 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Compressor::kDgc, 2}, Case{Compressor::kGTopK, 4},
                       Case{Compressor::kGTopK, 3} /* falls back to allgather */),
     Name);
+
+// Runs `steps` reductions of one gradient per node (node r's is grad(r, step)) on `nodes` threads
+// over the loopback transport, averaging (divisor = nodes); returns node 0's result per step and
+// leaves the reducers in *reducers.
+std::vector<std::vector<float>> RunSteps(const Config& config, int nodes, int steps,
+                                         const std::function<std::vector<float>(int, int)>& grad,
+                                         std::vector<std::unique_ptr<SparseReducer>>* reducers) {
+  auto hub = std::make_shared<transport::LoopbackHub>(nodes);
+  std::vector<std::unique_ptr<transport::LoopbackTransport>> transports;
+  reducers->resize(nodes);
+  for (int r = 0; r < nodes; ++r) {
+    transports.push_back(std::make_unique<transport::LoopbackTransport>(hub, r));
+    auto created = SparseReducer::Create(config, r, nodes, transports[r].get());
+    EXPECT_TRUE(created.ok()) << created.status().ToString();
+    if (!created.ok()) return {};
+    (*reducers)[r] = std::move(*created);
+  }
+  std::vector<std::vector<float>> results;
+  std::vector<Status> errors(nodes);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nodes; ++r) {
+    threads.emplace_back([&, r] {
+      uint32_t tag = 0;
+      for (int step = 1; step <= steps; ++step) {
+        std::vector<float> g = grad(r, step);
+        errors[r] = (*reducers)[r]->Reduce(kSlices, g, step, 7, nodes, &tag);
+        if (!errors[r].ok()) {
+          hub->Abort(errors[r]);
+          return;
+        }
+        if (r == 0) results.push_back(std::move(g));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < nodes; ++r) EXPECT_TRUE(errors[r].ok()) << errors[r].ToString();
+  return results;
+}
+
+// Without error feedback, random-k sends x_i * d/k (docs/algorithms.md §7.3): the mean over steps
+// of the averaged result approaches the nodes' mean gradient, as Wangni's does. 4 nodes, each
+// with its own fixed heavy-tailed gradient, rho = 0.05, 300 steps (fresh indices every step).
+// The relative error of the mean, ||mean - g|| / ||g||, is sqrt((d/k - 1) / T) = 0.25 in
+// expectation for uniform sampling (it sends the same k coordinates of every node); the component
+// along g is what bias would move: 1 when unbiased, rho = 0.05 for the unscaled form.
+TEST(SparseReducerUnbiasedTest, MeanOverStepsApproachesTheMeanGradient) {
+  constexpr int kNodes = 4, kTrials = 300;
+  auto fixed = [](int node, int /*step*/) { return Gradient(node, 1); };
+  std::vector<double> truth(kNumel, 0.0);
+  for (int r = 0; r < kNodes; ++r) {
+    const std::vector<float> g = Gradient(r, 1);
+    for (size_t i = 0; i < kNumel; ++i) truth[i] += g[i] / kNodes;
+  }
+  double t2 = 0, t4 = 0;
+  for (double v : truth) t2 += v * v, t4 += v * v * v * v;
+  struct Measured {
+    double along, relative_error;
+  };
+  auto measure = [&](Compressor compressor, int error_feedback) {
+    Config c;
+    c.compressor = compressor;
+    c.density = 0.05;
+    c.error_feedback = error_feedback;
+    c.seed = 11;
+    std::vector<std::unique_ptr<SparseReducer>> reducers;
+    const auto results = RunSteps(c, kNodes, kTrials, fixed, &reducers);
+    EXPECT_EQ(results.size(), static_cast<size_t>(kTrials));
+    std::vector<double> mean(kNumel, 0.0);
+    for (const auto& step : results) {
+      for (size_t i = 0; i < kNumel; ++i) mean[i] += step[i] / kTrials;
+    }
+    double dot = 0, err2 = 0;
+    for (size_t i = 0; i < kNumel; ++i) {
+      dot += mean[i] * truth[i];
+      err2 += (mean[i] - truth[i]) * (mean[i] - truth[i]);
+    }
+    return Measured{dot / t2, std::sqrt(err2 / t2)};
+  };
+  const double d_over_k = 4000.0 / 200.0;
+  const Measured randomk = measure(Compressor::kRandomK, 0);
+  // Along g: sd sqrt((d/k - 1) / T * sum g^4) / ||g||^2; allowed 4 sd, and never above 0.2.
+  const double along_sd = std::sqrt((d_over_k - 1) / kTrials * t4) / t2;
+  EXPECT_NEAR(randomk.along, 1.0, std::min(0.2, 4 * along_sd)) << "sd " << along_sd;
+  const double expected = std::sqrt((d_over_k - 1) / kTrials);
+  EXPECT_NEAR(randomk.relative_error, expected, 0.25 * expected);
+  const Measured wangni = measure(Compressor::kWangni, -1);  // error feedback off by default
+  EXPECT_NEAR(wangni.along, 1.0, 0.2);
+  EXPECT_LE(wangni.relative_error, 0.2);
+  // The unscaled form is the one with error feedback: its residual delivers the rest later.
+  EXPECT_NEAR(measure(Compressor::kRandomK, 1).along, 1.0, 0.2)
+      << "with error feedback the residual delivers what the unscaled values leave";
+  std::cout << "relative error of the mean over " << kTrials << " steps: randomk " << std::fixed
+            << std::setprecision(3) << randomk.relative_error << " (expected " << expected
+            << "), along g " << randomk.along << "; wangni " << wangni.relative_error
+            << ", along g " << wangni.along << "\n";
+}
+
+// With error feedback random-k sends the unscaled values, as before the unbiased form existed:
+// each step's result is, at the k shared indices, the rank-order float32 sum of every node's
+// g + residual, and each residual keeps the rest. An oracle rebuilds both from the support.
+TEST(SparseReducerUnbiasedTest, WithErrorFeedbackRandomKSendsTheUnscaledSums) {
+  constexpr int kNodes = 3, kSteps = 12;
+  Config c;
+  c.compressor = Compressor::kRandomK;
+  c.density = 0.01;
+  c.seed = 5;
+  ASSERT_TRUE(c.ErrorFeedback());
+  std::vector<std::unique_ptr<SparseReducer>> reducers;
+  auto nodes_gradient = [](int node, int step) { return Gradient(node, step); };
+  // RunSteps averages: the oracle divides as the reducer does.
+  const auto results = RunSteps(c, kNodes, kSteps, nodes_gradient, &reducers);
+  ASSERT_EQ(results.size(), static_cast<size_t>(kSteps));
+  std::vector<std::vector<float>> residual(kNodes, std::vector<float>(kNumel, 0.0f));
+  const size_t k = static_cast<size_t>(kernels::SelectedCount(kNumel, 0.01));
+  for (int step = 1; step <= kSteps; ++step) {
+    std::vector<std::vector<float>> a(kNodes);
+    for (int r = 0; r < kNodes; ++r) {
+      a[r] = Gradient(r, step);
+      for (size_t i = 0; i < kNumel; ++i) a[r][i] += residual[r][i];
+    }
+    const std::vector<float>& got = results[step - 1];
+    size_t sent = 0;
+    for (size_t i = 0; i < kNumel; ++i) {
+      if (got[i] == 0.0f) continue;
+      ++sent;
+      float sum = a[0][i];
+      for (int r = 1; r < kNodes; ++r) sum += a[r][i];
+      ASSERT_EQ(got[i], sum / static_cast<float>(kNodes)) << "step " << step << " index " << i;
+      for (int r = 0; r < kNodes; ++r) a[r][i] = 0.0f;
+    }
+    ASSERT_EQ(sent, k) << "step " << step;
+    residual = std::move(a);
+  }
+  for (int r = 0; r < kNodes; ++r) {
+    for (const auto& slice : kSlices) {
+      const auto kept = reducers[r]->state().Get(TensorState::Kind::kResidual, *slice.name);
+      ASSERT_EQ(kept.size(), slice.count);
+      for (size_t i = 0; i < slice.count; ++i) {
+        ASSERT_EQ(kept[i], residual[r][slice.offset + i]) << *slice.name << "[" << i << "]";
+      }
+    }
+  }
+}
 
 TEST(SparseReducerForgetTest, ATensorThatIsGoneLeavesNothingBehind) {
   for (Compressor compressor : {Compressor::kTopK, Compressor::kDgc}) {

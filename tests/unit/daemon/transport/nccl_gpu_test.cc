@@ -1,9 +1,10 @@
-// The NCCL backend's entry point, CreateNcclTransport, against real NCCL and CUDA. Labelled `gpu`
-// in ctest. NCCL refuses two ranks on one GPU, so the device tests are a one-node communicator
-// running every call, on host memory and on the caller's device memory (AllReduceSumOnDevice);
-// the multi-node logic is covered on CPU by nccl_transport_test. Without a device (or in a build
-// without NCCL) the device tests skip, and the tests here check instead that creating the
-// transport fails with a clear error rather than crashing.
+// The NCCL backend's entry point, CreateNcclTransport, against the real NCCL and CUDA runtime,
+// which it loads at run time (the default search: libcudart.so.13 or .12, libnccl.so.2).
+// Labelled `gpu` in ctest. NCCL refuses two ranks on one GPU, so the device tests are a one-node
+// communicator running every call, on host memory and on the caller's device memory
+// (AllReduceSumOnDevice); the multi-node logic is covered on CPU by nccl_transport_test. Without
+// a device the device tests skip, and the tests here check instead that the real libraries bind
+// and that creating the transport fails with a clear error rather than crashing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 #include <numeric>
 #include <vector>
 
+#include "daemon/device/cuda_runtime.h"
+#include "daemon/device/nccl_library.h"
 #include "daemon/transport/nccl/create_nccl_transport.h"
 #include "daemon/transport/nccl/cuda_nccl_api.h"
 #include "tests/unit/daemon/transport/memory_store.h"
@@ -35,31 +38,47 @@ Status Drain(NcclApi& cuda) {
   }
 }
 
-TEST(NcclGpuTest, WithoutNcclOrAGpuCreationFailsClearly) {
-  if (NcclUsableDevices() > 0) GTEST_SKIP() << "a CUDA device is present";
+const NcclLibraries kDefaults;  // the libraries' default search
+
+// Wherever they are installed, the real libraries have every function of the bindings.
+TEST(NcclGpuTest, TheRealLibrariesBindEveryFunction) {
+  std::string error;
+  auto rt = device::LoadCudaRuntime("", &error);
+  if (rt == nullptr) GTEST_SKIP() << error;
+  auto nccl = device::LoadNccl("", &error);
+  if (nccl == nullptr) GTEST_SKIP() << error;
+  EXPECT_GE(nccl->version, device::kNcclMinVersion) << nccl->library;
+  EXPECT_EQ(nccl->DefaultConfig().version, static_cast<unsigned>(nccl->version));
+  const Status st = device::NcclStatus(*nccl, device::kNcclRemoteError, "x");
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("(ncclRemoteError)"), std::string::npos) << st.ToString();
+}
+
+TEST(NcclGpuTest, WithoutAGpuCreationFailsClearly) {
+  if (CudaDeviceCount(kDefaults) > 0) GTEST_SKIP() << "a CUDA device is present";
   MemoryStore store;
-  auto t = CreateNcclTransport(0, 1, &store, 5s, /*device=*/0);
+  auto t = CreateNcclTransport(0, 1, &store, 5s, /*device=*/0, kDefaults);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kUnavailable) << t.status().ToString();
-  if (!NcclTransportBuilt()) {
-    EXPECT_NE(t.status().message().find("built without NCCL"), std::string::npos)
-        << t.status().ToString();
-  }
+  const std::string& why = t.status().message();
+  EXPECT_TRUE(why.find("no CUDA device") != std::string::npos ||
+              why.find("no CUDA runtime could be loaded") != std::string::npos)
+      << why;
 }
 
 TEST(NcclGpuTest, ANonexistentDeviceIsRejected) {
-  if (!NcclTransportBuilt() || NcclUsableDevices() == 0) GTEST_SKIP() << "no CUDA device";
+  const int devices = CudaDeviceCount(kDefaults);
+  if (devices == 0) GTEST_SKIP() << "no CUDA device";
   MemoryStore store;
-  auto t = CreateNcclTransport(0, 1, &store, 5s, /*device=*/NcclUsableDevices());
+  auto t = CreateNcclTransport(0, 1, &store, 5s, /*device=*/devices, kDefaults);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().ToString();
 }
 
 TEST(NcclGpuTest, OneNodeCommunicatorRunsEveryCall) {
-  if (!NcclTransportBuilt()) GTEST_SKIP() << "built without NCCL";
-  if (NcclUsableDevices() == 0) GTEST_SKIP() << "no CUDA device";
+  if (CudaDeviceCount(kDefaults) == 0) GTEST_SKIP() << "no CUDA device";
   MemoryStore store;
-  auto created = CreateNcclTransport(0, 1, &store, 60s, /*device=*/0);
+  auto created = CreateNcclTransport(0, 1, &store, 60s, /*device=*/0, kDefaults);
   ASSERT_TRUE(created.ok()) << created.status().ToString();
   Transport& t = **created;
   ASSERT_TRUE(store.Peek("nccl/unique_id").has_value());
@@ -103,17 +122,16 @@ TEST(NcclGpuTest, OneNodeCommunicatorRunsEveryCall) {
 }
 
 TEST(NcclGpuTest, AllReduceSumOnDeviceSumsInPlaceInCudaMemory) {
-  if (!NcclTransportBuilt()) GTEST_SKIP() << "built without NCCL";
-  if (NcclUsableDevices() == 0) GTEST_SKIP() << "no CUDA device";
+  if (CudaDeviceCount(kDefaults) == 0) GTEST_SKIP() << "no CUDA device";
   MemoryStore store;
-  auto created = CreateNcclTransport(0, 1, &store, 60s, /*device=*/0);
+  auto created = CreateNcclTransport(0, 1, &store, 60s, /*device=*/0, kDefaults);
   ASSERT_TRUE(created.ok()) << created.status().ToString();
   Transport& t = **created;
   EXPECT_EQ(t.cuda_device(), 0);
 
   // The caller's side: a cudaMalloc'd buffer, written and read back with copies on a stream of
   // its own, through the backend's CUDA seam (so this file needs no CUDA headers).
-  auto made = CreateCudaNcclApi(0);
+  auto made = CreateCudaNcclApi(0, kDefaults);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   NcclApi& cuda = **made;
   constexpr size_t kLargest = 3000001;
@@ -164,11 +182,10 @@ TEST(NcclGpuTest, AllReduceSumOnDeviceSumsInPlaceInCudaMemory) {
 }
 
 TEST(NcclGpuTest, DestroyingAHealthyTransportFinalisesCleanly) {
-  if (!NcclTransportBuilt()) GTEST_SKIP() << "built without NCCL";
-  if (NcclUsableDevices() == 0) GTEST_SKIP() << "no CUDA device";
+  if (CudaDeviceCount(kDefaults) == 0) GTEST_SKIP() << "no CUDA device";
   for (int round = 0; round < 2; ++round) {  // a second communicator after the first is gone
     MemoryStore store;
-    auto created = CreateNcclTransport(0, 1, &store, 60s, /*device=*/0);
+    auto created = CreateNcclTransport(0, 1, &store, 60s, /*device=*/0, kDefaults);
     ASSERT_TRUE(created.ok()) << created.status().ToString();
     double d = 2.5;
     ASSERT_TRUE((*created)->AllReduceSum(&d, 1, ElementType::kFloat64, 1).ok());

@@ -76,6 +76,27 @@ TEST_P(RandomKSweep, SameSetAsReference) {
   ExpectSameSelection(got, want);
 }
 
+// The unbiased form (no error feedback): the same set, each value RandomKScaled(x_i, d/k), the
+// reference's bits.
+TEST_P(RandomKSweep, UnbiasedSameValuesAsReference) {
+  const auto [n, density, seed] = GetParam();
+  SparsifierOptions o;
+  o.density = density;
+  o.unbiased = true;
+  const int64_t k = SelectedCount(n, density);
+  const std::vector<float> x = MakeData(DataKind::kHeavyTailed, n, seed);
+  SparsifyContext ctx;
+  ctx.seed = seed;
+  const Selection want = Apply(*MustMake("reference:randomk", o), x, ctx);
+  auto ws = MustCreate(n, k);
+  ASSERT_NE(ws, nullptr);
+  DeviceArray<float> dx(x);
+  const Selection got = RunSelection(*ws, k, stream_, [&](DeviceSparse out) {
+    return RandomK(dx.get(), n, k, seed, out, *ws, stream_, /*unbiased=*/true);
+  });
+  ExpectSameSelection(got, want);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Sweep, RandomKSweep,
     ::testing::Combine(::testing::Values<int64_t>(1, 2, 1000, 8193, 65537, 1000003),

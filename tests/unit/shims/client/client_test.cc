@@ -4,6 +4,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdlib.h>
 
 #include <atomic>
@@ -338,6 +340,40 @@ TEST_F(ClientTest, ThreadsWaitingOnDifferentTensorsEachSeeTheirOwnDone) {
   }
 }
 
+// sparsync_register_tensor_fd: the caller maps the buffer; its mapping is the daemon's memory
+// (round trips land in it) and outlives the unregistration and the connection.
+TEST_F(ClientTest, ACallerMappedBufferIsTheDaemonsAndOutlivesTheClient) {
+  daemon_.SetOnReady(DoubleAndAnswer);
+  Connect();
+  const int64_t n = 5;
+  sparsync_tensor_spec spec = Spec("mapped.by.caller", SPARSYNC_OP_ALLREDUCE, SPARSYNC_FLOAT32, 1,
+                                   &n);
+  uint32_t id = 0;
+  int fd = -1;
+  uint64_t bytes = 0;
+  ASSERT_EQ(sparsync_register_tensor_fd(client_, &spec, &id, &fd, &bytes), SPARSYNC_OK)
+      << LastError();
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(bytes, n * sizeof(float));
+  void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  close(fd);
+  auto* x = static_cast<float*>(mapped);
+  for (int i = 0; i < n; ++i) x[i] = static_cast<float>(i);
+  ASSERT_EQ(sparsync_post_ready(client_, id), SPARSYNC_OK) << LastError();
+  ASSERT_EQ(sparsync_wait_done(client_, id, 10.0), SPARSYNC_OK) << LastError();
+  for (int i = 0; i < n; ++i) EXPECT_EQ(x[i], 2.0f * i + 1) << i;
+  ASSERT_EQ(sparsync_unregister_tensor(client_, id), SPARSYNC_OK) << LastError();
+  sparsync_close(client_);
+  client_ = nullptr;
+  daemon_.Stop();
+  x[0] = 42.0f;  // still the caller's memory
+  EXPECT_EQ(x[0], 42.0f);
+  EXPECT_EQ(x[n - 1], 2.0f * (n - 1) + 1);
+  EXPECT_EQ(munmap(mapped, bytes), 0);
+  EXPECT_EQ(sparsync_register_tensor_fd(nullptr, &spec, &id, &fd, &bytes), SPARSYNC_ERR_INVALID);
+}
+
 TEST_F(ClientTest, UnregisterTellsTheDaemonAndForgetsTheTensor) {
   daemon_.SetOnReady(DoubleAndAnswer);
   Connect();
@@ -421,6 +457,23 @@ TEST_F(ClientTest, TheCudaRuntimeIsTheOneTheOptionsName) {
   EXPECT_THAT(LastError(), HasSubstr("/nonexistent/from-the-options.so"));
   EXPECT_EQ(LastError().find("from-the-environment"), std::string::npos) << LastError();
   unsetenv("SPARSYNC_CUDART");
+}
+
+// The timeline's control: the path reaches the daemon, "" (or NULL) stops, and the daemon's
+// refusal comes back with its reason and the path.
+TEST_F(ClientTest, TimelineRequestsReachTheDaemonAndItsAnswerComesBack) {
+  Connect();
+  EXPECT_EQ(sparsync_timeline(client_, "/tmp/t-{node}.json", 5.0), SPARSYNC_OK) << LastError();
+  EXPECT_EQ(sparsync_timeline(client_, nullptr, 5.0), SPARSYNC_OK) << LastError();
+  EXPECT_EQ(daemon_.timelines(), (std::vector<std::string>{"/tmp/t-{node}.json", ""}));
+  daemon_.timeline_answer = InvalidArgument("cannot create the timeline file");
+  EXPECT_EQ(sparsync_timeline(client_, "/nope/t.json", 5.0), SPARSYNC_ERR_INVALID);
+  EXPECT_NE(LastError().find("cannot create the timeline file"), std::string::npos)
+      << LastError();
+  EXPECT_NE(LastError().find("/nope/t.json"), std::string::npos) << LastError();
+  const std::string too_long(SPARSYNC_MAX_PATH_BYTES + 1, 'x');
+  EXPECT_EQ(sparsync_timeline(client_, too_long.c_str(), 5.0), SPARSYNC_ERR_INVALID);
+  EXPECT_EQ(daemon_.timelines().size(), 3u) << "an invalid path was sent";
 }
 
 }  // namespace

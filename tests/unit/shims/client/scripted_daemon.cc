@@ -129,6 +129,19 @@ Status ScriptedDaemon::OnUnregister(const std::shared_ptr<intake::WorkerSession>
   return Status::Ok();
 }
 
+void ScriptedDaemon::OnTimeline(const std::shared_ptr<intake::WorkerSession>&,
+                                const sparsync_timeline_msg& msg, sparsync_timeline_reply* reply) {
+  std::lock_guard lock(mu_);
+  timelines_.push_back(intake::TimelinePath(msg));
+  reply->status = intake::WireStatus(timeline_answer);
+  intake::CopyMessage(reply->message, timeline_answer.message());
+}
+
+std::vector<std::string> ScriptedDaemon::timelines() {
+  std::lock_guard lock(mu_);
+  return timelines_;
+}
+
 void ScriptedDaemon::OnDisconnect(const std::shared_ptr<intake::WorkerSession>& session,
                                   const Status&) {
   std::lock_guard lock(mu_);

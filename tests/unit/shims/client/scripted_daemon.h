@@ -69,6 +69,11 @@ class ScriptedDaemon : public intake::IntakeHandler {
                       const sparsync_unregister_msg& msg) override;
   void OnDisconnect(const std::shared_ptr<intake::WorkerSession>& session,
                     const Status& reason) override;
+  // Records the path ("" for a stop) and answers with `timeline_answer`.
+  void OnTimeline(const std::shared_ptr<intake::WorkerSession>& session,
+                  const sparsync_timeline_msg& msg, sparsync_timeline_reply* reply) override;
+  std::vector<std::string> timelines();
+  Status timeline_answer;  // set before the worker asks
 
  private:
   struct Tensor {
@@ -86,6 +91,7 @@ class ScriptedDaemon : public intake::IntakeHandler {
   std::vector<Ready> readies_;
   std::vector<sparsync_register_msg> registrations_;
   std::vector<uint32_t> unregistered_;
+  std::vector<std::string> timelines_;
 };
 
 }  // namespace sparsync::client_test
