@@ -29,7 +29,7 @@ STALL_S, TIMEOUT_S = 1, 10
 def expect(template, output, **values):
     message = template.format(**values)
     assert message in output, "sparsync did not print %r:\n%s" % (message, output[-6000:])
-    pattern = "".join(re.escape(text) + (r"\S+" if field is not None else "")
+    pattern = "".join(re.escape(text) + (r".+?" if field is not None else "")
                       for text, field, _, _ in string.Formatter().parse(template))
     assert re.search(pattern, TROUBLESHOOTING), \
         "docs/operations.md's troubleshooting does not quote %r" % template
