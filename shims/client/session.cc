@@ -299,6 +299,12 @@ Status Session::WaitDone(uint32_t id, double timeout_s, const device::CudaStream
   if (t == nullptr) {
     return Status(SPARSYNC_ERR_INVALID, "tensor '" + name + "' was unregistered while waiting");
   }
+  if (t->status == SPARSYNC_ERR_TIMEOUT) {
+    // The daemon's own deadline (SPARSYNC_TIMEOUT_S: a tensor or node missing elsewhere) failed
+    // the job. Returned as TIMEOUT it would read as this wait's deadline, which callers that
+    // wait in slices retry until their own limit, losing the daemon's explanation.
+    return Status(SPARSYNC_ERR_ABORTED, t->message);
+  }
   if (t->status != SPARSYNC_OK) return Status(ToStatus(t->status), t->message);
   std::string error;
   if (t->cuda && !t->cuda->StreamWaitDone(*stream, &error)) {
