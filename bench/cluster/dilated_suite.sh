@@ -11,12 +11,15 @@
 # that still moved from 10 to 20), the dilation sweep on ResNet-50; resnet50_peers, the sweep's
 # modes beside the peers it leaves out; dense_merge, sparsync's dense with 64 MiB buckets
 # (Horovod-style) instead of its default MG-WFBP plan, beside Horovod; vgg16_imagenet_p4 (P = 4:
-# at P = 8 eight daemons' top-k state does not fit in 24 GiB) and vgg16_imagenet_peers. Needs
+# at P = 8 eight daemons' top-k state does not fit in 24 GiB) and vgg16_imagenet_peers;
+# sparse_more, sparsync's sparse modes alone on AlexNet, the PTB LSTM and Inception-v4 (their
+# dense and peer rows are the long ones). SUITE_HARNESS_ARGS, if set, is appended to every
+# harness invocation, so it overrides a table's options (e.g. "--prefix bd15 --iters 3"). Needs
 # root, a built daemon (build/daemon/sparsyncd) and bench/peers/setup.sh.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 if (($# < 2)); then
-  sed -n '2,18p' "$0" >&2
+  sed -n '2,19p' "$0" >&2
   exit 2
 fi
 d=$1
