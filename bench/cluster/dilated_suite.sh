@@ -19,7 +19,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 if (($# < 2)); then
-  sed -n '2,19p' "$0" >&2
+  sed -n '2,18p' "$0" >&2
   exit 2
 fi
 d=$1
