@@ -556,3 +556,4 @@ from sparsync._torch_process_sets import (  # noqa: E402,F401
     remove_process_set,
 )
 from sparsync._torch_sync_bn import SyncBatchNorm  # noqa: E402,F401
+from sparsync import ddp  # noqa: E402,F401  (sparsync.torch.ddp: the DDP communication hook)
