@@ -218,6 +218,46 @@ def reducescatter(tensor, name=None, compression=None, op=None, process_set=None
     return compression.decompress(out, ctx)
 
 
+def grouped_reducescatter_async(tensors, name=None, op=None, process_set=None,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    handles = [reducescatter_async(t, n, op, process_set, prescale_factor, postscale_factor)
+               for t, n in zip(tensors, _parts_names(name, len(tensors)))]
+    return shared.Deferred(handles, lambda *outs: list(outs))
+
+
+def grouped_reducescatter(tensors, name=None, compression=None, op=None, process_set=None,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """The reducescatter of each tensor of `tensors`, as a list, negotiated together."""
+    compression = compression or _hvd.Compression.none
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    outs = _hvd.synchronize(grouped_reducescatter_async(list(compressed), name, op, process_set,
+                                                        prescale_factor, postscale_factor))
+    return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
+
+
+def sparse_allreduce_async(tensor, name=None, op=None, process_set=None):
+    """The reduction of a sparse COO tensor, as Horovod does it: an allgather of every rank's
+    indices and values (exact); synchronize() gives a coalesced sparse tensor, its values
+    divided by size() for Average (the default)."""
+    _check_set(process_set)
+    op = _hvd.Average if op is None else op
+    if op not in (_hvd.Average, _hvd.Sum):
+        raise ValueError("sparse_allreduce supports op=Average or op=Sum")
+    grad = tensor.coalesce()
+    base = None if name is None else "sparse_allreduce." + name
+    hi = _hvd.allgather_async(grad.indices().t().contiguous(),
+                              None if base is None else base + ".indices")
+    hv = _hvd.allgather_async(grad.values().contiguous(),
+                              None if base is None else base + ".values")
+
+    def finish(indices, values):
+        if op == _hvd.Average:
+            values = values / _hvd.size()
+        return torch.sparse_coo_tensor(indices.t(), values, grad.shape).coalesce()
+
+    return shared.Deferred([hi, hv], finish)
+
+
 def barrier(process_set=None):
     """Returns when every rank has called barrier()."""
     _check_set(process_set)

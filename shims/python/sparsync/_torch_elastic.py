@@ -23,6 +23,14 @@ def run(func):
     raise ElasticNotSupportedError(_MESSAGE)
 
 
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod's elastic interrupt; never raised here (the set of hosts never changes)."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("hosts updated")
+        self.skip_sync = skip_sync
+
+
 class _Refused:
     def __init__(self, *args, **kwargs):
         raise ElasticNotSupportedError(_MESSAGE)

@@ -55,6 +55,8 @@ __all__ = [
     "remove_process_set", "global_process_set", "SyncBatchNorm", "elastic", "nccl_built",
     "gloo_built", "gloo_enabled", "mpi_built", "mpi_enabled", "cuda_built", "rocm_built",
     "ddl_built", "ccl_built", "is_homogeneous", "mpi_threads_supported",
+    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
+    "HostsUpdatedInterrupt", "ddp",
 ]
 
 def _env_float(name, default):
@@ -519,6 +521,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
 # The rest of Horovod's names (modules that build on the functions above)
 
 from sparsync import _torch_elastic as elastic  # noqa: E402
+from sparsync._torch_elastic import HostsUpdatedInterrupt  # noqa: E402,F401
 from sparsync._torch_basics import (  # noqa: E402,F401
     ccl_built,
     cuda_built,
@@ -544,10 +547,13 @@ from sparsync._torch_collectives import (  # noqa: E402,F401
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
     join,
     reduce_by_allgather_async,
     reducescatter,
     reducescatter_async,
+    sparse_allreduce_async,
 )
 from sparsync._torch_process_sets import (  # noqa: E402,F401
     ProcessSet,

@@ -102,6 +102,15 @@ check("reducescatter", torch.equal(mine, torch.stack(full).sum(0)[start:start + 
 avg = hvd.reducescatter(torch.ones(n, 3) * r)
 check("reducescatter avg", torch.allclose(avg, torch.full((1, 3), (n - 1) / 2)))
 
+gr = hvd.grouped_reducescatter([torch.ones(n, 2) * r, torch.ones(2 * n) * (r + 1)], op=hvd.Sum)
+check("grouped reducescatter", torch.equal(gr[0], torch.full((1, 2), float(sum(range(n))))) and
+      torch.equal(gr[1], torch.full((2,), float(sum(range(1, n + 1))))))
+sp = torch.sparse_coo_tensor(torch.tensor([[r, 0]]), torch.tensor([[1.0], [2.0]]), (n, 1))
+dense = hvd.synchronize(hvd.sparse_allreduce_async(sp, name="sparse", op=hvd.Sum)).to_dense()
+want = torch.ones(n, 1)
+want[0] += 2.0 * n
+check("sparse_allreduce", torch.equal(dense, want), str(dense))
+
 # --- process sets ---------------------------------------------------------------------------------
 check("global set", hvd.global_process_set.size() == n and hvd.global_process_set.rank() == r)
 check("add global", hvd.add_process_set(list(range(n))) is hvd.global_process_set)
