@@ -205,6 +205,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 continue
             self._requires_update.append(p)
             self._delay[id(p)] = self.backward_passes_per_step
+            if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+                # Runs once p.grad holds this backward's gradient, also under torch.compile.
+                self._grad_accs.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+                continue
             p_tmp = p.expand_as(p)
             grad_acc = p_tmp.grad_fn.next_functions[0][0]
             grad_acc.register_hook(self._make_hook(p))
@@ -277,7 +281,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if grad.is_sparse:  # sparse_as_dense: reduced dense, made sparse again afterwards
                 grad = grad.to_dense()
             compressed, ctx = self._compression.compress(grad.detach())
-            slot = self._slot(p, compressed.dtype)
+            with shared.collective_errors():  # a mismatch between ranks: HorovodInternalError
+                slot = self._slot(p, compressed.dtype)
             reg = slot.reg
             # Backward wrote the gradient where the daemon reads it: nothing to copy.
             in_place = slot.grad is not None and _same_memory(compressed, slot.grad)
