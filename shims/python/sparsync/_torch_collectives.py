@@ -91,22 +91,23 @@ def reduce_by_allgather_async(tensor, output, op, name, prescale_factor, postsca
 # Grouped operations
 
 
+def _grouped(start, tensors, name, process_set, *args):
+    """One handle over `start(tensor, *args, name=part name)` of every tensor, all posted first."""
+    _check_set(process_set)
+    handles = [start(t, *args, name=n) for t, n in zip(tensors, _parts_names(name, len(tensors)))]
+    return shared.Deferred(handles, lambda *outs: list(outs))
+
+
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None):
-    _check_set(process_set)
-    names = _parts_names(name, len(tensors))
-    handles = [_hvd.allreduce_async(t, average, n, op, prescale_factor, postscale_factor)
-               for t, n in zip(tensors, names)]
-    return shared.Deferred(handles, lambda *outs: list(outs))
+    return _grouped(_hvd.allreduce_async, tensors, name, process_set, average, op=op,
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None):
-    _check_set(process_set)
-    names = _parts_names(name, len(tensors))
-    handles = [_hvd.allreduce_async_(t, average, n, op, prescale_factor, postscale_factor)
-               for t, n in zip(tensors, names)]
-    return shared.Deferred(handles, lambda *outs: list(outs))
+    return _grouped(_hvd.allreduce_async_, tensors, name, process_set, average, op=op,
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
@@ -128,10 +129,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
-    _check_set(process_set)
-    handles = [_hvd.allgather_async(t, n) for t, n in zip(tensors, _parts_names(name,
-                                                                               len(tensors)))]
-    return shared.Deferred(handles, lambda *outs: list(outs))
+    return _grouped(_hvd.allgather_async, tensors, name, process_set)
 
 
 def grouped_allgather(tensors, name=None, process_set=None):
@@ -220,9 +218,8 @@ def reducescatter(tensor, name=None, compression=None, op=None, process_set=None
 
 def grouped_reducescatter_async(tensors, name=None, op=None, process_set=None,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    handles = [reducescatter_async(t, n, op, process_set, prescale_factor, postscale_factor)
-               for t, n in zip(tensors, _parts_names(name, len(tensors)))]
-    return shared.Deferred(handles, lambda *outs: list(outs))
+    return _grouped(reducescatter_async, tensors, name, process_set, op=op,
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def grouped_reducescatter(tensors, name=None, compression=None, op=None, process_set=None,

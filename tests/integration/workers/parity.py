@@ -6,7 +6,6 @@ rank) and asserts it; a failure exits non-zero with the name of the check. Print
 
 import sys
 
-import numpy as np
 import torch
 
 import sparsync.torch as hvd
