@@ -91,10 +91,12 @@ def reduce_by_allgather_async(tensor, output, op, name, prescale_factor, postsca
 # Grouped operations
 
 
-def _grouped(start, tensors, name, process_set, *args):
-    """One handle over `start(tensor, *args, name=part name)` of every tensor, all posted first."""
+def _grouped(start, tensors, name, process_set, *args, **kwargs):
+    """One handle over `start(tensor, *args, name=part name, **kwargs)` of every tensor, all
+    posted before any is waited for."""
     _check_set(process_set)
-    handles = [start(t, *args, name=n) for t, n in zip(tensors, _parts_names(name, len(tensors)))]
+    handles = [start(t, *args, name=n, **kwargs)
+               for t, n in zip(tensors, _parts_names(name, len(tensors)))]
     return shared.Deferred(handles, lambda *outs: list(outs))
 
 
