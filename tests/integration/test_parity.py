@@ -8,7 +8,7 @@ import pytest
 @pytest.mark.parametrize("script,marker", [("parity.py", "PARITY OK"),
                                            ("parity_train.py", "PARITY TRAIN OK")])
 def test_horovod_names(job_factory, script, marker):
-    job = job_factory(2, 2, {"SPARSYNC_TIMEOUT_S": "60"})
+    job = job_factory(2, 2)
     rcs = job.run_workers(script, timeout_s=240)
     assert rcs == [0] * job.size, "workers failed: %s\n%s" % (rcs, job.logs())
     for r in range(job.size):
