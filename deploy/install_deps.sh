@@ -96,11 +96,12 @@ fi
 # $SPARSYNC_TORCH2_VENV (default ~/.cache/sparsync/venv-torch2), so that every clone on this
 # machine (CI's included) reuses it; sparsync is not installed into it (the tests put
 # shims/python on the path). Debian's python3 without the system packages, so that Debian's
-# torch 1.13 does not shadow it. SPARSYNC_SKIP_TORCH2=1 skips it; a failed download is reported
-# and skips it too (tests/run.sh then says the torch 2.x run did not happen).
+# torch 1.13 does not shadow it. Made only with SPARSYNC_TORCH2=1 (a 3.5 GB download is more than
+# the test command's time on a fresh machine affords); a failed download is reported and skips
+# it (tests/run.sh then says the torch 2.x run did not happen).
 torch2_pin="torch==2.15.0"
 torch2_venv="${SPARSYNC_TORCH2_VENV:-$HOME/.cache/sparsync/venv-torch2}"
-if [[ $mode == dev && ${SPARSYNC_SKIP_TORCH2:-0} != 1 ]]; then
+if [[ $mode == dev && ${SPARSYNC_TORCH2:-0} == 1 ]]; then
   t2_py="$torch2_venv/bin/python"
   if ! "$t2_py" -c "import importlib.metadata as m; import sys, pytest, numpy; \
       sys.exit(m.version('torch') != '${torch2_pin#*==}')" 2>/dev/null; then

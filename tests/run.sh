@@ -50,5 +50,5 @@ if "$torch2_py" -c "import torch, pytest" 2>/dev/null; then
   "$torch2_py" -m pytest -q tests/integration/test_torch2.py tests/integration/test_parity.py \
     tests/integration/test_ddp_hook.py tests/integration/test_training.py
 else
-  echo "== pytest under torch 2.x: NOT RUN (no $torch2_py: deploy/install_deps.sh makes it)"
+  echo "== pytest under torch 2.x: NOT RUN (no $torch2_py: SPARSYNC_TORCH2=1 deploy/install_deps.sh makes it)"
 fi
