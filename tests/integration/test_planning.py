@@ -63,7 +63,8 @@ def test_a_job_with_defaults_logs_only_plan_changes(job_factory):
     # 30 steps on 4 nodes of a loaded machine: backward times wander by more than
     # SPARSYNC_REPLAN_DRIFT from step to step. A plan is announced (and logged, and followed)
     # only when it differs from the one in force and gains more than the model's error.
-    job = job_factory(4, 1, {"SPARSYNC_LOG_LEVEL": "debug"})  # for each node's "following" line
+    # the daemons' defaults (at debug, for each node's "following" line)
+    job = job_factory(4, 1, {"SPARSYNC_COMPRESS": "auto", "SPARSYNC_LOG_LEVEL": "debug"})
     rcs = job.run_workers("train_sparse.py", timeout_s=150)
     assert rcs == [0] * 4, "workers failed: %s\n%s" % (rcs, job.logs())
     log = _full_logs(job)

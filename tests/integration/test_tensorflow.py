@@ -92,7 +92,8 @@ def test_tensorflow_collectives(job_factory, nodes, local_size):
     for node in range(nodes):  # stopped by the workers while the daemons run on: complete
         trace = json.loads(Path(str(timeline).replace("{node}", str(node))).read_text())
         rows = {e["args"]["name"] for e in trace if e.get("name") == "thread_name"}
-        assert {"tensor ar." + c for c in cases.ALLREDUCE_CASES} <= rows, rows
+        missing = {"tensor ar." + c for c in cases.ALLREDUCE_CASES} - rows
+        assert not missing, (node, sorted(missing), sorted(rows))
         assert not any("graph." in row for row in rows), rows  # after stop_timeline
 
     per_rank = {"grad.allgather", "grad.broadcast", "ar.scaled", "caps"}  # differ by design
