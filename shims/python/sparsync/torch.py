@@ -40,6 +40,7 @@ from sparsync._torch_state import client as _client
 from sparsync._torch_state import state as _state
 from sparsync._torch_state import wait as _wait
 from sparsync._torch_state import wire_dtype as _wire_dtype
+from sparsync._world import world_accessors
 
 __all__ = [
     "SparsyncError", "Average", "Sum", "Adasum", "Compression", "init", "shutdown",
@@ -140,35 +141,7 @@ def is_initialized():
     return _state.client is not None
 
 
-def _world(key):
-    w = _state.world
-    if w is None:
-        raise ValueError("sparsync has not been initialized; use hvd.init().")
-    return w[key]
-
-
-def rank():
-    return _world("rank")
-
-
-def size():
-    return _world("size")
-
-
-def local_rank():
-    return _world("local_rank")
-
-
-def local_size():
-    return _world("local_size")
-
-
-def cross_rank():
-    return _world("node_rank")
-
-
-def cross_size():
-    return _world("num_nodes")
+_world, rank, size, local_rank, local_size, cross_rank, cross_size = world_accessors(_state)
 
 
 def mpi_threads_supported():

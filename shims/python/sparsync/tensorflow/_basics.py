@@ -8,6 +8,7 @@ import threading
 from sparsync import _client as C
 from sparsync import _wire as W
 from sparsync._errors import SparsyncError
+from sparsync._world import world_accessors
 from sparsync.tensorflow import _ops
 
 
@@ -64,35 +65,7 @@ def is_initialized():
     return _state.world is not None
 
 
-def _world(key):
-    w = _state.world
-    if w is None:
-        raise ValueError("sparsync has not been initialized; use hvd.init().")
-    return w[key]
-
-
-def rank():
-    return _world("rank")
-
-
-def size():
-    return _world("size")
-
-
-def local_rank():
-    return _world("local_rank")
-
-
-def local_size():
-    return _world("local_size")
-
-
-def cross_rank():
-    return _world("node_rank")
-
-
-def cross_size():
-    return _world("num_nodes")
+_world, rank, size, local_rank, local_size, cross_rank, cross_size = world_accessors(_state)
 
 
 def start_timeline(file_path, mark_cycles=False):
