@@ -27,31 +27,22 @@ import torch
 
 from sparsync import _torch_state as shared
 from sparsync import _wire as W
+from sparsync._compressors import (  # noqa: F401  (part of sparsync.torch)
+    DGC,
+    Compressor,
+    Dense,
+    GaussianK,
+    GlobalTopK,
+    NoneCompressor,
+    RandomK,
+    Sparsify,
+    Threshold,
+    TopK,
+    Wangni,
+)
 from sparsync._errors import SparsyncError
 
 _log = logging.getLogger("sparsync")
-
-
-class Compressor:
-    """Interface: compress before the reduction, decompress after (Horovod's)."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
 
 class FP16Compressor(Compressor):
@@ -71,69 +62,6 @@ class FP16Compressor(Compressor):
 class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
-
-
-class Sparsify:
-    """The compressor DistributedOptimizer asks the daemon to apply to its gradients, overriding
-    SPARSYNC_COMPRESSOR / SPARSYNC_DENSITY for them; e.g. ``sparsify=TopK(density=0.001)``.
-    ``density=None`` keeps the daemon's SPARSYNC_DENSITY. Explicit allreduce stays exact."""
-
-    def __init__(self, name, density=None):
-        if name not in W.COMPRESSORS or name == "default":
-            raise ValueError("unknown compressor %r; accepted: %s"
-                             % (name, ", ".join(k for k in W.COMPRESSORS if k != "default")))
-        if density is not None and not 0.0 < density <= 1.0:
-            raise ValueError("density must be in (0, 1], got %r" % (density,))
-        self.name = name
-        self.density = density
-
-    @property
-    def wire(self):
-        return W.COMPRESSORS[self.name], float(self.density or 0.0)
-
-    def __repr__(self):
-        return "Sparsify(%r, density=%r)" % (self.name, self.density)
-
-
-def TopK(density=None):
-    """Exact top-k with error feedback (Aji & Heafield 2017; Stich et al. 2018)."""
-    return Sparsify("topk", density)
-
-
-def GlobalTopK(density=None):
-    """gTop-k (Shi et al., ICDCS 2019): global top-k by pairwise merge-and-reselect."""
-    return Sparsify("gtopk", density)
-
-
-def RandomK(density=None):
-    """k coordinates drawn with a seed shared by all nodes, with error feedback."""
-    return Sparsify("randomk", density)
-
-
-def Threshold(density=None):
-    """|x| above a threshold (SPARSYNC_THRESHOLD, or estimated from a sample for the density)."""
-    return Sparsify("threshold", density)
-
-
-def GaussianK(density=None):
-    """Gaussian-k (Shi et al. 2019): threshold from the mean and deviation of the gradient."""
-    return Sparsify("gaussiank", density)
-
-
-def Wangni(density=None):
-    """Unbiased optimal sparsification of Wangni et al. (NeurIPS 2018); no error feedback."""
-    return Sparsify("wangni", density)
-
-
-def DGC(density=None):
-    """Deep Gradient Compression (Lin et al., ICLR 2018). It keeps its own momentum: give the
-    wrapped optimizer momentum=0."""
-    return Sparsify("dgc", density)
-
-
-def Dense():
-    """No compression for this optimizer's gradients, whatever SPARSYNC_COMPRESSOR says."""
-    return Sparsify("none")
 
 
 class _Slot:
