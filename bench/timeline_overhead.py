@@ -98,7 +98,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="tl-bench-") as tmp:
         result = os.path.join(tmp, "result.json")
         before = loadavg()
-        cmd = [sys.executable, "-m", "sparsync.run", "-np", str(args.np), "python",
+        cmd = [sys.executable, "-m", "sparsync.run", "-np", str(args.np), sys.executable,
                str(HERE / "timeline_overhead.py"), "--worker", "--result", result,
                "--trace-dir", tmp] + [a for k in ("blocks", "steps", "skip", "layers", "width",
                                                  "batch")
@@ -110,7 +110,15 @@ def main():
         traces = sorted(Path(tmp).glob("block*.json"))
         events = 0
         for t in traces:
-            events += len(json.load(open(t)))  # each must be valid JSON
+            n = len(json.load(open(t)))  # each must be valid JSON
+            if n == 0:
+                sys.exit("%s is empty: the timeline recorded nothing, so the 'on' blocks did not "
+                         "measure it" % t.name)
+            events += n
+        expected = sum(b["timeline"] for b in blocks) * args.np
+        if len(traces) != expected:
+            sys.exit("%d trace files for %d timed blocks on %d nodes: expected %d"
+                     % (len(traces), sum(b["timeline"] for b in blocks), args.np, expected))
     on = [b["median_s"] for b in blocks if b["timeline"]]
     off = [b["median_s"] for b in blocks if not b["timeline"]]
     pairs = [blocks[i + 1]["median_s"] / blocks[i]["median_s"]

@@ -152,6 +152,7 @@ Status Daemon::StartParts() {
     options.merge.replan_drift = config_.merge.replan_drift;
     options.merge.replan_steps = config_.merge.replan_steps;
     options.merge.dense_by_default = config_.compressor == Compressor::kNone;
+    options.merge.choose_dense = config_.ChoosesDense();
     {
       std::lock_guard lock(parts_mu_);
       core_ = std::make_unique<negotiation::CoordinatorCore>(options, config_.local_size,
@@ -214,6 +215,7 @@ Status Daemon::StartParts() {
     // Every node takes part; node 0's fit is broadcast, and its coordinator plans with it.
     pipeline::CalibrationOptions calibration;
     calibration.budget_s = 2.0;
+    calibration.dense_too = config_.ChoosesDense();
     auto cost = pipeline::CalibrateCostModel(config_, world, transport(), calibration);
     if (!cost.ok()) return cost.status();
     spdlog::info("measured cost model: {}", cost->ToString());

@@ -91,4 +91,26 @@ if [[ $mode == dev && ${SPARSYNC_SKIP_TENSORFLOW:-0} != 1 ]]; then
   fi
   "$tf_py" -m pip install -q --no-deps --no-build-isolation -e "$repo/shims/python"
 fi
+# The torch 2.x environment, for the PyTorch tests that tests/run.sh runs a second time there:
+# PyPI's current torch (PyPI has no CPU-only torch wheel: the Linux wheel brings the CUDA
+# libraries it links, about 3.5 GB). It lives outside the checkout, in
+# $SPARSYNC_TORCH2_VENV (default ~/.cache/sparsync/venv-torch2), so that every clone on this
+# machine (CI's included) reuses it; sparsync is not installed into it (the tests put
+# shims/python on the path). Debian's python3 without the system packages, so that Debian's
+# torch 1.13 does not shadow it. Made only with SPARSYNC_TORCH2=1 (a 3.5 GB download is more than
+# the test command's time on a fresh machine affords); a failed download is reported and skips
+# it (tests/run.sh then says the torch 2.x run did not happen).
+torch2_pin="torch==2.15.0"
+torch2_venv="${SPARSYNC_TORCH2_VENV:-$HOME/.cache/sparsync/venv-torch2}"
+if [[ $mode == dev && ${SPARSYNC_TORCH2:-0} == 1 ]]; then
+  t2_py="$torch2_venv/bin/python"
+  if ! "$t2_py" -c "import importlib.metadata as m; import sys, pytest, numpy; \
+      sys.exit(m.version('torch') != '${torch2_pin#*==}')" 2>/dev/null; then
+    echo "install_deps: installing $torch2_pin into $torch2_venv"
+    mkdir -p "$(dirname "$torch2_venv")"
+    { [[ -x "$t2_py" ]] || /usr/bin/python3 -m venv "$torch2_venv"; } &&
+      "$t2_py" -m pip install -q "$torch2_pin" numpy pytest ||
+      echo "install_deps: WARNING: could not install $torch2_pin; the torch 2.x tests will not run"
+  fi
+fi
 echo "install_deps: ok"

@@ -47,6 +47,14 @@ done
 
 echo "== pytest (multi-process, real daemons)"
 .venv/bin/python -m pytest tests/integration -q
+torch2_py="${SPARSYNC_TORCH2_VENV:-$HOME/.cache/sparsync/venv-torch2}/bin/python"
+if "$torch2_py" -c "import torch, pytest" 2>/dev/null; then
+  echo "== pytest under torch $("$torch2_py" -c "import torch; print(torch.__version__)")"
+  "$torch2_py" -m pytest -q tests/integration/test_torch2.py tests/integration/test_parity.py \
+    tests/integration/test_ddp_hook.py tests/integration/test_training.py
+else
+  echo "== pytest under torch 2.x: NOT RUN (no $torch2_py: SPARSYNC_TORCH2=1 deploy/install_deps.sh makes it)"
+fi
 
 # About 2 minutes of fuzzing (4 targets x 25 s) after building the targets with clang; the long
 # runs are tests/fuzz/run.sh with more seconds (bench/RESULTS.md).

@@ -17,6 +17,7 @@ Run one process per node, with torch.distributed's environment, e.g.
 
 import argparse
 import datetime
+import os
 import sys
 import time
 
@@ -119,7 +120,6 @@ def main(argv=None):
         rows.append((end - t0, end - module.clock.start, module.clock.lag,
                      end - (module.clock.start + schedule.backward_s)))
     dist.barrier()
-    dist.destroy_process_group()
     result = {
         "worker": "ddp_powersgd" if args.powersgd_rank else "ddp", "rank": rank, "size": size,
         "model": profile["model"],
@@ -132,7 +132,12 @@ def main(argv=None):
         "warmup": args.warmup, "iters": args.iters,
     }
     model_profile.write_result(result, rows, args.warmup, args.out)
-    return 0
+    # No destroy_process_group(): with the PowerSGD hook a rank sometimes hung in it after every
+    # rank had finished (seen in the dilated runs and in CI's loopback test). The barrier above
+    # has synchronised the ranks; leaving ends the Gloo group as well.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 # The issue-15 measurements of the time-dilated cluster (bench/RESULTS.md): one harness
 # invocation per table, each at modelled 1 Gb/s, density 0.001, dilation D, with sparsync's modes
 # and the peers on the GPU-speed profiles, then report.py's tables and charts. Records the load
-# average (`uptime`) before and after every table: the machine is shared.
+# average (`uptime`) before and after every table (the machine is shared) and the commit measured.
 #
 #     bench/cluster/dilated_suite.sh D OUT_DIR [TABLE...]
 #
@@ -11,18 +11,22 @@
 # that still moved from 10 to 20), the dilation sweep on ResNet-50; resnet50_peers, the sweep's
 # modes beside the peers it leaves out; dense_merge, sparsync's dense with 64 MiB buckets
 # (Horovod-style) instead of its default MG-WFBP plan, beside Horovod; vgg16_imagenet_p4 (P = 4:
-# at P = 8 eight daemons' top-k state does not fit in 24 GiB) and vgg16_imagenet_peers. Needs
+# at P = 8 eight daemons' top-k state does not fit in 24 GiB) and vgg16_imagenet_peers;
+# sparse_more, sparsync's sparse modes alone on AlexNet, the PTB LSTM and Inception-v4 (their
+# dense and peer rows are the long ones). SUITE_HARNESS_ARGS, if set, is appended to every
+# harness invocation, so it overrides a table's options (e.g. "--prefix bd15 --iters 3"). Needs
 # root, a built daemon (build/daemon/sparsyncd) and bench/peers/setup.sh.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 if (($# < 2)); then
-  sed -n '2,15p' "$0" >&2
+  sed -n '2,18p' "$0" >&2
   exit 2
 fi
 d=$1
 out=$2
 shift 2
 tables=("$@")
+read -r -a extra <<<"${SUITE_HARNESS_ARGS:-}"
 ((${#tables[@]})) || tables=(vgg16_imagenet cifar alexnet inception_v4 lstm_ptb resnet50 p16)
 mkdir -p "$out"
 py="$repo/.venv/bin/python"
@@ -35,8 +39,11 @@ run() {  # name, then harness arguments
   local name=$1
   shift
   echo "== $name: start $(uptime)" | tee -a "$out/load.log"
+  echo "== $name: commit $(git -C "$repo" describe --always --dirty --abbrev=40)" |
+    tee -a "$out/load.log"
   "$py" "$repo/bench/cluster/harness.py" --dilation "$d" --rate 1gbit --density 0.001 \
-    --plan-warmup-steps 3 --out "$out/$name.json" --run-dir "/tmp/spsc-$name" "$@" || true
+    --plan-warmup-steps 3 --out "$out/$name.json" --run-dir "/tmp/spsc-$name" "$@" \
+    ${extra[@]+"${extra[@]}"} || true
   echo "== $name: end $(uptime)" | tee -a "$out/load.log"
   "$py" "$repo/bench/cluster/report.py" "$out/$name.json" --md "$out/$name.md" \
     --png "$out/$name.png"
@@ -61,6 +68,8 @@ for t in "${tables[@]}"; do
     vgg16_imagenet_peers) run vgg16_imagenet_peers --models vgg16_imagenet_pipedream \
       --nodes 8 --modes hvd_topk,hvd_dense,hvd_fp16,ddp,ddp_powersgd --iters 5 ;;
     alexnet) run alexnet --models alexnet_pipedream --nodes 8 --modes "$all" --iters 5 ;;
+    sparse_more) run sparse_more --models alexnet_pipedream,lstm_ptb_flops,inception_v4_flops \
+      --nodes 8 --modes "$sparse" --iters 5 ;;
     inception_v4) run inception_v4 --models inception_v4_flops --nodes 8 --modes "$all" \
       --iters 5 ;;
     lstm_ptb) run lstm_ptb --models lstm_ptb_flops --nodes 8 --modes "$all" --iters 5 ;;

@@ -36,6 +36,11 @@ int Config::CoordinatorPort() const {
   return std::atoi(coordinator.substr(coordinator.rfind(':') + 1).c_str());
 }
 
+bool Config::ChoosesDense() const {
+  return !merge.compress_always && compressor != Compressor::kNone &&
+         compressor != Compressor::kDgc;
+}
+
 std::string Config::Describe() const {
   std::ostringstream o;
   o << "node " << node_rank << "/" << num_nodes << ", " << local_size
@@ -50,7 +55,11 @@ std::string Config::Describe() const {
     o << (i ? "," : "") << merge.planners[i];
     if (merge.planners[i] == "fixed") o << ":" << merge.bucket_bytes << "B";
   }
-  o << " (plan after " << merge.warmup_steps << " steps)"
+  o << " (plan after " << merge.warmup_steps << " steps"
+    << (compressor == Compressor::kNone ? ""
+        : merge.compress_always         ? ", always compressed"
+                                        : ", dense where faster")
+    << ")"
     << ", transport " << (transport == TransportKind::kNccl ? "nccl" : "gloo") << ", timeout "
     << timeout_s << "s";
   if (!timeline.empty()) o << ", timeline " << timeline;

@@ -27,12 +27,18 @@ enum class TransportKind { kGloo, kNccl };
 // first `warmup_steps` steps with fixed buckets while it measures, then plans with `planners[0]`;
 // each later re-plan takes the next planner of the list (a list is for experiments and tests).
 struct MergePolicy {
-  std::vector<std::string> planners{"omgs"};  // omgs, optimal, layerwise, single, mgwfbp, fixed
+  // optimal, omgs, layerwise, single, mgwfbp, fixed. `optimal` by default: on the emulated
+  // clusters it was never slower than OMGS-SGD's greedy rule and often faster (bench/RESULTS.md).
+  std::vector<std::string> planners{"optimal"};
   uint64_t bucket_bytes = 64ull << 20;  // fixed: group size limit; also the warm-up buckets
   int warmup_steps = 5;                 // steps measured before the first plan
   double replan_drift = 0.2;            // re-plan when backward time drifts by this fraction
   int replan_steps = 0;                 // also re-plan every this many steps (0: only on drift)
   bool calibrate = true;                // measure t_s and t_c at start-up and while training
+  // SPARSYNC_COMPRESS: `auto` lets the plan send a group dense where the cost model predicts
+  // that faster than compressing it (planning/planner.h); `always` compresses every group of
+  // at least SPARSYNC_MIN_COMPRESS_BYTES, as the paper does.
+  bool compress_always = false;
 };
 
 struct Config {
@@ -78,6 +84,9 @@ struct Config {
   // Whether residuals are kept: on by default for the biased compressors, off for Wangni's
   // unbiased one and for DGC (which accumulates in its own state).
   bool ErrorFeedback() const;
+  // Whether merge plans may send a compressing job's groups dense (SPARSYNC_COMPRESS=auto): not
+  // with compressor none (everything is dense) nor DGC, whose momentum a dense group bypasses.
+  bool ChoosesDense() const;
   std::chrono::milliseconds timeout() const;
   std::chrono::milliseconds stall_warn() const;
   std::string CoordinatorHost() const;

@@ -258,11 +258,11 @@ std::vector<Setting> Settings() {
         c->seed = static_cast<uint64_t>(*n);
         return Status::Ok();
       });
-  add("merge", "SPARSYNC_MERGE", "omgs",
-      "how gradient tensors are merged into groups: omgs (OMGS-SGD's greedy rule; MG-WFBP's "
-      "with compressor none), optimal (exact), layerwise, single, mgwfbp, or fixed:BYTES "
-      "(consecutive tensors up to BYTES, e.g. fixed:64MiB); a comma list takes the next planner "
-      "at each re-plan",
+  add("merge", "SPARSYNC_MERGE", "optimal",
+      "how gradient tensors are merged into groups: optimal (exact under the cost model), omgs "
+      "(OMGS-SGD's greedy rule; MG-WFBP's with compressor none), layerwise, single, mgwfbp, or "
+      "fixed:BYTES (consecutive tensors up to BYTES, e.g. fixed:64MiB); a comma list takes the "
+      "next planner at each re-plan",
       [](const Setting& st, const std::string& v, Config* c) {
         MergePolicy merge = c->merge;
         merge.planners.clear();
@@ -307,6 +307,14 @@ std::vector<Setting> Settings() {
       "also re-plan every this many steps (0: only when the measured times drift)",
       [](const Setting& st, const std::string& v, Config* c) {
         return SetInt(st, v, 0, 1000000000, &c->merge.replan_steps);
+      });
+  add("compress", "SPARSYNC_COMPRESS", "auto",
+      "auto: the merge plan sends a group dense where the cost model predicts that faster than "
+      "compressing it; always: compress every group of at least SPARSYNC_MIN_COMPRESS_BYTES",
+      [](const Setting& st, const std::string& v, Config* c) {
+        if (v != "auto" && v != "always") return Reject(st, v, "accepted values: auto, always");
+        c->merge.compress_always = v == "always";
+        return Status::Ok();
       });
   add("calibrate", "SPARSYNC_CALIBRATE", "1",
       "measure the selection and exchange costs across the nodes at start-up and keep "

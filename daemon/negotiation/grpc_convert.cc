@@ -81,9 +81,10 @@ void ToProto(const ScheduleEntry& in, v1::ScheduleEntry* out) {
     p->set_version(in.plan->version);
     p->set_effective_step(in.plan->effective_step);
     p->set_planner(in.plan->planner);
-    for (const auto& group : in.plan->groups) {
+    for (size_t i = 0; i < in.plan->groups.size(); ++i) {
       auto* g = p->add_groups();
-      for (uint32_t slot : group) g->add_slots(slot);
+      for (uint32_t slot : in.plan->groups[i]) g->add_slots(slot);
+      g->set_dense(i < in.plan->dense.size() && in.plan->dense[i]);
     }
     p->set_predicted_s(in.plan->predicted_s);
     p->set_summary(in.plan->summary);
@@ -110,7 +111,15 @@ ScheduleEntry FromProto(const v1::ScheduleEntry& in) {
     p.version = in.plan().version();
     p.effective_step = in.plan().effective_step();
     p.planner = in.plan().planner();
-    for (const auto& g : in.plan().groups()) p.groups.emplace_back(g.slots().begin(), g.slots().end());
+    bool any_dense = false;
+    for (const auto& g : in.plan().groups()) {
+      p.groups.emplace_back(g.slots().begin(), g.slots().end());
+      any_dense = any_dense || g.dense();
+    }
+    // All sparse travels as an empty list, as PlanInfo keeps it.
+    for (int i = 0; any_dense && i < in.plan().groups_size(); ++i) {
+      p.dense.push_back(in.plan().groups(i).dense());
+    }
     p.predicted_s = in.plan().predicted_s();
     p.summary = in.plan().summary();
     e.plan = std::make_shared<const PlanInfo>(std::move(p));

@@ -129,8 +129,7 @@ void MergeScheduler::MaybePlan() {
   }
   // Judge drift only on steps measured under this plan.
   if (steps_under_plan_ < needed) return;
-  double span = 0;
-  for (const StepSample& s : samples_) span += SampleSpan(s.node_ready, num_nodes_) / samples_.size();
+  double span = MeasuredSpan();
   double drift = std::abs(span - plan_span_s_) / std::max(plan_span_s_, 1e-6);
   if (drift > options_.replan_drift && std::abs(span - plan_span_s_) > 1e-3) {
     MakePlan("backward time moved from " + Ms(plan_span_s_) + " to " + Ms(span));
@@ -140,23 +139,52 @@ void MergeScheduler::MaybePlan() {
   if (CostsDrifted(&why)) MakePlan(why);
 }
 
+double MergeScheduler::MeasuredSpan() const {
+  double span = 0;
+  for (const StepSample& s : samples_) {
+    span += SampleSpan(s.node_ready, num_nodes_) / samples_.size();
+  }
+  return span;
+}
+
+void MergeScheduler::SetCostModel(const planning::CostModel& cost) {
+  costs_.SetBase(cost);
+  planning::CostModel dense;
+  dense.sparsify = cost.dense_prepare;
+  dense.exchange = cost.dense_exchange;
+  dense_costs_.SetBase(dense);
+}
+
+planning::CostModel MergeScheduler::cost_model() const {
+  planning::CostModel m = costs_.Current();
+  if (!options_.dense_by_default) {
+    const planning::CostModel dense = dense_costs_.Current();
+    m.dense_prepare = dense.sparsify;
+    m.dense_exchange = dense.exchange;
+  }
+  return m;
+}
+
 void MergeScheduler::RecordGroupCost(uint64_t elements, bool sparse, double sparsify_s,
                                      double exchange_s) {
-  if (sparse == options_.dense_by_default) return;
-  costs_.Add(elements, sparsify_s, exchange_s);
+  if (sparse != options_.dense_by_default) {
+    costs_.Add(elements, sparsify_s, exchange_s);
+  } else if (sparse == false) {
+    dense_costs_.Add(elements, sparsify_s, exchange_s);  // a compressing job's dense group
+  }
+  // A sparse group of a dense job (an explicit compressor) is not planned for.
 }
 
 // The current plan under the measured costs, against what it was predicted to take.
 bool MergeScheduler::CostsDrifted(std::string* why) const {
-  if (!plan_ || plan_starts_.empty() || plan_->predicted_s <= 0) return false;
+  if (!plan_ || plan_starts_.empty() || reference_s_ <= 0) return false;
   planning::PlanInput in = plan_input_;
-  in.cost = costs_.Current();
+  in.cost = cost_model();
   if (in.cost == plan_input_.cost) return false;
-  double now = planning::Simulate(in, plan_starts_).iteration_s;
-  double moved = std::abs(now - plan_->predicted_s);
-  if (moved <= options_.replan_drift * plan_->predicted_s || moved <= 1e-3) return false;
-  *why = "measured costs moved this plan's prediction from " + Ms(plan_->predicted_s) + " to " +
-         Ms(now);
+  double now = planning::Simulate(in, plan_starts_, plan_dense_).iteration_s;
+  double moved = std::abs(now - reference_s_);
+  if (moved <= options_.replan_drift * reference_s_ || moved <= 1e-3) return false;
+  *why = "measured costs moved this plan's prediction from " + Ms(reference_s_) + " to " + Ms(now);
   return true;
 }
 
@@ -187,7 +215,7 @@ void MergeScheduler::MakePlan(const std::string& why) {
   const std::vector<uint32_t>& order = samples_.back().order;
   std::vector<double> backward = BackwardTimes(order);
   planning::PlanInput in;
-  in.cost = costs_.Current();
+  in.cost = cost_model();
   in.sparsify_blocks_backward = options_.sparsify_blocks_backward;
   bool dense = true;
   for (size_t i = 0; i < order.size(); ++i) {
@@ -203,9 +231,16 @@ void MergeScheduler::MakePlan(const std::string& why) {
     return;
   }
   if (*kind == planning::PlannerKind::kOmgs && dense) kind = planning::PlannerKind::kMgWfbp;
+  in.choose_dense = options_.choose_dense && !dense;
   auto plan = planning::MakePlan(*kind, in, options_.bucket_bytes);
   if (!plan.ok()) {
     log_.push_back("planning failed: " + plan.status().message());
+    return;
+  }
+  if (plan_ && !Improves(in, *plan, planning::PlannerName(*kind))) {
+    // The plan in force stays: nothing announced, nothing logged.
+    ++plans_held_;
+    SetReference(in, planning::Simulate(in, plan_starts_, plan_dense_).iteration_s);
     return;
   }
   // What the other planners predict, to see how far the chosen one is from the optimum.
@@ -228,6 +263,7 @@ void MergeScheduler::MakePlan(const std::string& why) {
   info.planner = planning::PlannerName(*kind);
   info.predicted_s = plan->predicted_s;
   info.summary = summary.str();
+  info.dense = plan->dense;
   groups_.clear();
   group_of_.clear();
   for (size_t g = 0; g < plan->starts.size(); ++g) {
@@ -240,18 +276,9 @@ void MergeScheduler::MakePlan(const std::string& why) {
     info.groups.push_back(state.slots);
     groups_.push_back(std::move(state));
   }
-  plan_span_s_ = 0;
-  double longest = 0;
-  for (const StepSample& s : samples_) {
-    plan_span_s_ += SampleSpan(s.node_ready, num_nodes_) / samples_.size();
-    longest = std::max(longest, s.span_s);
-  }
-  group_wait_ = std::max<Clock::duration>(
-      options_.min_group_wait,
-      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(4 * longest)));
-  steps_under_plan_ = 0;
-  plan_input_ = in;
   plan_starts_ = plan->starts;
+  plan_dense_ = plan->dense;
+  SetReference(in, plan->predicted_s);
   log_.push_back("plan v" + std::to_string(info.version) + " (" + info.planner + ") from step " +
                  std::to_string(info.effective_step) + ": " + plan->Describe(order.size()) +
                  ", predicted " + Ms(info.predicted_s) + " (" + info.summary + "); " + why);
@@ -259,6 +286,40 @@ void MergeScheduler::MakePlan(const std::string& why) {
   MergeOutput announce;
   announce.plan = std::make_shared<const PlanInfo>(std::move(info));
   out_.push_back(std::move(announce));
+}
+
+bool MergeScheduler::Improves(const planning::PlanInput& in, const planning::Plan& next,
+                              const std::string& name) const {
+  if (name != plan_->planner) return true;  // another planner of the list was asked for
+  if (next.starts == plan_starts_ && next.dense == plan_dense_) return false;
+  const double now_s = planning::Simulate(in, plan_starts_, plan_dense_).iteration_s;
+  // The model's own error on a prediction of now_s: the spread of the cost samples around
+  // their lines (the dense ones too when either plan sends a group dense), and that of the
+  // measured backward time from step to step.
+  double relative = costs_.RelativeError();
+  if (!next.dense.empty() || !plan_dense_.empty()) {
+    relative = std::max(relative, dense_costs_.RelativeError());
+  }
+  const double mean = MeasuredSpan();
+  double variance = 0;
+  for (const StepSample& s : samples_) {
+    const double d = SampleSpan(s.node_ready, num_nodes_) - mean;
+    variance += d * d / static_cast<double>(samples_.size());
+  }
+  const double error_s = std::max(relative * now_s + std::sqrt(variance), 0.01 * now_s);
+  return now_s - next.predicted_s > error_s;
+}
+
+void MergeScheduler::SetReference(const planning::PlanInput& in, double predicted_s) {
+  double longest = 0;
+  for (const StepSample& s : samples_) longest = std::max(longest, s.span_s);
+  plan_span_s_ = MeasuredSpan();
+  group_wait_ = std::max<Clock::duration>(
+      options_.min_group_wait,
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(4 * longest)));
+  steps_under_plan_ = 0;
+  plan_input_ = in;
+  reference_s_ = predicted_s;
 }
 
 void MergeScheduler::DropPlan(const std::string& why) {

@@ -1,9 +1,9 @@
-// MergeScheduler: the coordinator's side of planning (docs/planning.md; docs/algorithms.md §5.2, §5.4). It sees
-// every gradient tensor when it becomes ready on all nodes, cuts the stream into training steps,
-// measures each layer's backward time from the nodes' ready timestamps, and once it has watched
-// `warmup_steps` steps with the same tensors it asks a planner (planning/planner.h) for merge
-// groups. The plan takes effect at the next step: from then on a group is released the moment its
-// last tensor is ready on every node (wait-free backpropagation: the exchange of early layers
+// MergeScheduler: the coordinator's side of planning (docs/planning.md; docs/algorithms.md §5.2,
+// §5.4). It sees every gradient tensor when it becomes ready on all nodes, cuts the stream into
+// training steps, measures each layer's backward time from the nodes' ready timestamps, and once it
+// has watched `warmup_steps` steps with the same tensors it asks a planner (planning/planner.h) for
+// merge groups. The plan takes effect at the next step: from then on a group is released the moment
+// its last tensor is ready on every node (wait-free backpropagation: the exchange of early layers
 // overlaps the backward of later ones). Until then, and whenever the plan stops fitting the job,
 // the tensors go back to the coordinator's batching with fixed buckets (the safe plan).
 //
@@ -16,8 +16,17 @@
 // every `replan_steps` steps; each takes the next planner in `planners`.
 //
 // Costs. The cost model starts as the start-up calibration (SetCostModel) and follows the costs
-// node 0's executor measures for each group (RecordGroupCost, planning/cost_tracker.h). A plan is
-// re-made when the measured costs move its own predicted time by more than `replan_drift`.
+// node 0's executor measures for each group (RecordGroupCost, planning/cost_tracker.h); a
+// compressing job's dense groups keep the dense lines current the same way. A plan is
+// reconsidered when the measured costs move its own predicted time by more than `replan_drift`.
+//
+// Plans that hold still. A trigger (drift, costs, replan_steps) only makes a candidate. It
+// replaces the plan in force, with a new version announced and logged, when it is another
+// planner of the list, or when its grouping or dense choices differ and its predicted gain over
+// the plan in force (both under today's measurements) exceeds the model's own error: the cost
+// samples' spread around their lines times the prediction, plus the spread of the measured
+// backward time, and at least 1 % of the prediction. Otherwise the plan stays, silently, and
+// the drift triggers take today's measurements as their new reference.
 //
 // Timestamps. Each node stamps a tensor with its own monotonic clock; only differences between
 // two tensors of one node are used, so the nodes' clocks need not agree. The first gradient of a
@@ -50,6 +59,7 @@ struct MergeOptions {
   double replan_drift = 0.2;
   int replan_steps = 0;
   bool dense_by_default = false;     // the daemon's compressor is none: omgs means mgwfbp
+  bool choose_dense = false;         // SPARSYNC_COMPRESS=auto: groups may go dense (planner.h)
   bool sparsify_blocks_backward = false;
   Clock::duration min_group_wait = std::chrono::milliseconds(500);
 };
@@ -77,12 +87,12 @@ class MergeScheduler {
   MergeScheduler(MergeOptions options, int num_nodes);
 
   // The calibrated model (before any group is measured).
-  void SetCostModel(const planning::CostModel& cost) { costs_.SetBase(cost); }
+  void SetCostModel(const planning::CostModel& cost);
   // One reduced gradient group's measured cost (pipeline/executor.h's GroupCost). Groups of the
   // other kind than the job plans for (dense groups of a sparse job) are ignored.
   void RecordGroupCost(uint64_t elements, bool sparse, double sparsify_s, double exchange_s);
   // The model the next plan will use.
-  planning::CostModel cost_model() const { return costs_.Current(); }
+  planning::CostModel cost_model() const;
 
   // Records `g`. Returns true when the current plan takes it (its group comes out of Take());
   // false: the caller schedules it (warm-up, or no plan fits).
@@ -99,6 +109,8 @@ class MergeScheduler {
 
   uint64_t step() const { return step_; }
   const std::optional<PlanInfo>& plan() const { return plan_; }
+  // Candidates that did not replace the plan in force (see Plans that hold still).
+  uint64_t plans_held() const { return plans_held_; }
 
  private:
   struct StepSample {
@@ -123,12 +135,19 @@ class MergeScheduler {
   void MaybePlan();
   bool CostsDrifted(std::string* why) const;
   void MakePlan(const std::string& why);
+  // Whether `next`, made by `name`, should replace the plan in force under `in`'s measurements.
+  bool Improves(const planning::PlanInput& in, const planning::Plan& next,
+                const std::string& name) const;
+  double MeasuredSpan() const;  // the mean backward span of samples_
+  // Today's measurements become the reference the drift triggers compare with.
+  void SetReference(const planning::PlanInput& in, double predicted_s);
   void DropPlan(const std::string& why);
   std::vector<double> BackwardTimes(const std::vector<uint32_t>& order) const;
 
   const MergeOptions options_;
   const int num_nodes_;
   planning::CostTracker costs_;
+  planning::CostTracker dense_costs_;  // a compressing job's dense groups (sparsify: stage A)
 
   uint64_t step_ = 0;
   // The step being watched.
@@ -147,6 +166,9 @@ class MergeScheduler {
   double plan_span_s_ = 0;         // the backward span the plan was made for
   planning::PlanInput plan_input_;  // what the plan was made from
   std::vector<size_t> plan_starts_;
+  std::vector<bool> plan_dense_;
+  double reference_s_ = 0;  // the plan's prediction under plan_input_
+  uint64_t plans_held_ = 0;
   Clock::duration group_wait_{};   // how long a partially ready group may wait
   uint64_t steps_under_plan_ = 0;
   std::unordered_map<uint32_t, size_t> group_of_;  // slot -> group index

@@ -211,6 +211,8 @@ std::vector<ScheduleEntry> NodeAgent::FollowPlans(std::vector<ScheduleEntry> ent
       for (size_t i = 0; matches && i < e.group.size(); ++i) {
         matches = plan_->groups[e.group_index][i] == e.group[i].slot;
       }
+      // The plan's dense choice is the same on every node: it travels with the plan.
+      if (matches) e.dense = plan_->dense.size() > e.group_index && plan_->dense[e.group_index];
       if (!matches) {
         e.fatal = Internal("schedule entry " + std::to_string(e.seq) + " claims group " +
                            std::to_string(e.group_index) + " of plan v" +

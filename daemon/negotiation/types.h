@@ -39,6 +39,9 @@ struct PlanInfo {
   uint64_t effective_step = 0;
   std::string planner;   // "omgs", "optimal", ...
   std::vector<std::vector<uint32_t>> groups;  // slots, in the order backward produces them
+  // Per group: sent dense, uncompressed (SPARSYNC_COMPRESS=auto; empty: every group as the job
+  // compresses). Part of the plan, so every node decides the same.
+  std::vector<bool> dense;
   double predicted_s = 0;  // the planner's iteration time, from the first gradient ready
   std::string summary;     // cost model and the other planners' predictions, for the log
   bool operator==(const PlanInfo&) const = default;
@@ -53,6 +56,9 @@ struct ScheduleEntry {
   std::shared_ptr<const PlanInfo> plan;
   uint32_t plan_version = 0;       // the plan this group belongs to (0: none)
   uint32_t group_index = 0;        // its index in that plan
+  // The plan sends this group dense. Not on the wire: the node's agent fills it in from the
+  // plan it follows (PlanInfo::dense), as it fills in the names.
+  bool dense = false;
   int64_t received_ns = 0;         // steady clock when this node's agent received it
 };
 

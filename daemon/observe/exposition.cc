@@ -24,13 +24,18 @@ std::vector<double> SecondsBuckets() {
           5, 10};
 }
 
-std::string Exposition::EscapeHelp(std::string_view text) {
+namespace {
+
+// The text format's escapes: backslash and line feed, and in label values the double quote.
+std::string Escape(std::string_view text, bool quote) {
   std::string out;
   for (char c : text) {
     if (c == '\\') {
       out += "\\\\";
     } else if (c == '\n') {
       out += "\\n";
+    } else if (c == '"' && quote) {
+      out += "\\\"";
     } else {
       out += c;
     }
@@ -38,21 +43,11 @@ std::string Exposition::EscapeHelp(std::string_view text) {
   return out;
 }
 
-std::string Exposition::EscapeLabelValue(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
+}  // namespace
+
+std::string Exposition::EscapeHelp(std::string_view text) { return Escape(text, false); }
+
+std::string Exposition::EscapeLabelValue(std::string_view text) { return Escape(text, true); }
 
 std::string Exposition::FormatValue(double value) {
   if (std::isnan(value)) return "NaN";

@@ -165,25 +165,32 @@ Result<planning::CostModel> CalibrateCostModel(const Config& config, World world
       Sizes(options, dense ? options.max_dense_elements : options.max_elements);
   const std::vector<float> data = SyntheticGradient(sizes.back(), options.seed, world.node_rank);
   CalibrationRun run(transport, options);
-  Samples sparsify, exchange;
+  Samples sparsify, exchange, dense_exchange;
   if (dense) {
     SPARSYNC_RETURN_IF_ERROR(MeasureDense(transport, sizes, data, &run, &exchange));
   } else {
     SPARSYNC_RETURN_IF_ERROR(
         MeasureSparse(config, world, transport, sizes, data, &run, &sparsify, &exchange));
+    if (options.dense_too) {
+      const std::vector<uint64_t> dense_sizes = Sizes(options, options.max_dense_elements);
+      SPARSYNC_RETURN_IF_ERROR(MeasureDense(transport, dense_sizes, data, &run, &dense_exchange));
+    }
   }
 
   // Node 0's fit for everyone.
   planning::CostModel model;
   model.sparsify = planning::LinearCost::Fit(sparsify);
   model.exchange = planning::LinearCost::Fit(exchange);
-  double coefficients[4] = {model.sparsify.fixed_s, model.sparsify.per_element_s,
-                            model.exchange.fixed_s, model.exchange.per_element_s};
+  model.dense_exchange = planning::LinearCost::Fit(dense_exchange);
+  double coefficients[6] = {model.sparsify.fixed_s,       model.sparsify.per_element_s,
+                            model.exchange.fixed_s,       model.exchange.per_element_s,
+                            model.dense_exchange.fixed_s, model.dense_exchange.per_element_s};
   SPARSYNC_RETURN_IF_ERROR(
       transport->Broadcast(coefficients, sizeof(coefficients), 0, (*run.tag())++)
           .WithContext("broadcasting the calibrated cost model"));
   model.sparsify = {coefficients[0], coefficients[1]};
   model.exchange = {coefficients[2], coefficients[3]};
+  model.dense_exchange = {coefficients[4], coefficients[5]};
   spdlog::info("calibrated {} on {} node(s), {} size(s) from {} to {} elements in {:.2f} s: {}",
                CompressorName(config.compressor), world.num_nodes, exchange.size(), sizes.front(),
                static_cast<uint64_t>(exchange.back().first), run.elapsed(), model.ToString());

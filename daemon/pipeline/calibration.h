@@ -30,6 +30,9 @@ struct CalibrationOptions {
   std::vector<uint64_t> sizes;
   uint64_t max_elements = uint64_t{1} << 22;        // sparse compressors
   uint64_t max_dense_elements = uint64_t{1} << 20;  // compressor=none: the dense allreduce is slow
+  // A compressing job also times the dense allreduce (CostModel::dense_exchange), for plans
+  // that may send a group dense (SPARSYNC_COMPRESS=auto). Same sizes, after the sparse ones.
+  bool dense_too = false;
   int warmup = 2;                                   // untimed repetitions per size
   int reps = 5;                                     // timed repetitions per size (median)
   // Stop adding sizes once this much time was spent (node 0 decides, after at least two sizes).

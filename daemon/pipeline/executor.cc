@@ -163,6 +163,7 @@ Status Executor::FormGroup(const negotiation::ScheduleEntry& entry, Slot* slot) 
   group.seq = entry.seq;
   group.slices.clear();
   group.reducer = nullptr;
+  group.residuals = nullptr;
   SPARSYNC_ASSIGN_OR_RETURN(group.members, table_->Resolve(entry));
   if (group.members.empty()) {
     return Internal("schedule entry " + std::to_string(entry.seq) + " names no tensor");
@@ -180,13 +181,20 @@ Status Executor::FormGroup(const negotiation::ScheduleEntry& entry, Slot* slot) 
   }
   group.elements = offset;
   const transport::ElementType acc_type = AccumulatorType(first.meta.dtype);
-  if (sparse_ && group.op == CollectiveOp::kGradient &&
-      acc_type == transport::ElementType::kFloat32 &&
+  if (!sparse_ || group.op != CollectiveOp::kGradient ||
+      acc_type != transport::ElementType::kFloat32) {
+    return Status::Ok();
+  }
+  // The merge plan may send a group dense where the model predicts that faster (entry.dense,
+  // the same on every node); small groups always go dense.
+  if (!entry.dense &&
       group.elements * transport::ElementSize(acc_type) >= sparse_->min_compress_bytes()) {
     // Fused tensors share their compressor (it is part of the fusion key).
     SPARSYNC_ASSIGN_OR_RETURN(group.reducer,
                               sparse_->For(first.meta.compressor, first.meta.density));
   }
+  // A dense group of a compressing job sends its residuals along.
+  if (!group.reducer) group.residuals = &sparse_->state();
   return Status::Ok();
 }
 

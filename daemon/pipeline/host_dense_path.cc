@@ -44,6 +44,10 @@ class HostDensePath final : public ReducePath {
         packed_elements += group.slices[i].count;
       }
     }
+    for (size_t i : f.own) {
+      SPARSYNC_RETURN_IF_ERROR(
+          FlushResidual(group, i, static_cast<float*>(group.members[i].parts[0].region->data())));
+    }
     if (f.packed.empty()) return Status::Ok();
     const DType dtype = group.members.front().meta.dtype;
     const size_t acc_size = transport::ElementSize(AccumulatorType(dtype));
@@ -56,6 +60,10 @@ class HostDensePath final : public ReducePath {
       // Parts summed on the node's GPUs arrive as one input.
       for (size_t r = 0; r < m.num_inputs(); ++r) inputs.push_back(m.parts[r].region->data());
       SumInto(f.buffer.data() + offset * acc_size, inputs, group.slices[i].count, dtype);
+      if (group.residuals) {  // float32: the only dtype that is compressed
+        SPARSYNC_RETURN_IF_ERROR(
+            FlushResidual(group, i, reinterpret_cast<float*>(f.buffer.data() + offset * acc_size)));
+      }
     }
     return Status::Ok();
   }

@@ -31,13 +31,14 @@ class HostSparsePath final : public ReducePath {
   // way (the same float division, one pass less).
   Status Exchange(Group& group, Scratch& scratch, uint32_t* tag) override {
     auto& s = static_cast<Selection&>(scratch);
-    if (s.fusion.size() < group.elements * sizeof(float)) {
-      s.fusion.resize(group.elements * sizeof(float));
+    std::span<float> sum(s.prepared.work);  // the allgather exchange decodes over its input
+    if (!group.reducer->DecodesIntoWork()) {
+      if (s.fusion.size() < group.elements) s.fusion.resize(group.elements);
+      sum = std::span<float>(s.fusion.data(), group.elements);
     }
-    SPARSYNC_RETURN_IF_ERROR(group.reducer->Exchange(group.slices, s.prepared,
-                                                     s.group(group.elements), /*divisor=*/1.0,
-                                                     tag));
-    WriteBackMembers(group, s.fusion.data(), group.divisor);
+    SPARSYNC_RETURN_IF_ERROR(
+        group.reducer->Exchange(group.slices, s.prepared, sum, /*divisor=*/1.0, tag));
+    WriteBackMembers(group, reinterpret_cast<const char*>(sum.data()), group.divisor);
     return Status::Ok();
   }
 
@@ -45,11 +46,8 @@ class HostSparsePath final : public ReducePath {
 
  private:
   struct Selection : Scratch {
-    std::vector<char> fusion;  // Exchange: the decoded sum over the nodes (float32)
+    std::vector<float> fusion;  // the decoded sum over the nodes, when not prepared.work
     PreparedGroup prepared;
-    std::span<float> group(size_t elements) {
-      return {reinterpret_cast<float*>(fusion.data()), elements};
-    }
   };
 };
 

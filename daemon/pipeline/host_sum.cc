@@ -13,6 +13,16 @@ Status StageToHost(Group& group) {
   return Status::Ok();
 }
 
+Status FlushResidual(const Group& group, size_t i, float* local_sum) {
+  if (!group.residuals) return Status::Ok();
+  const GroupSlice& slice = group.slices[i];
+  const GroupSlice own{slice.name, 0, slice.count};
+  SPARSYNC_RETURN_IF_ERROR(
+      group.residuals->AddTo(TensorState::Kind::kResidual, {&own, 1}, {local_sum, slice.count}));
+  group.residuals->Take(TensorState::Kind::kResidual, *slice.name);  // now on the host
+  return Status::Ok();
+}
+
 void SumMembers(const Group& group, std::vector<char>* fusion) {
   const size_t acc_size =
       transport::ElementSize(AccumulatorType(group.members.front().meta.dtype));

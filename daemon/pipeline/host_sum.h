@@ -18,6 +18,12 @@ void SumMembersInto(const Group& group, void* acc);
 // SumMembersInto `fusion`, which grows as needed and keeps its capacity.
 void SumMembers(const Group& group, std::vector<char>* fusion);
 
+// A dense exchange of a compressing job's group carries what its tensors' residuals hold (the
+// gradient that top-k held back and has not sent yet): adds member `i`'s residual into
+// `local_sum` (its float32 local sum, the member's slice) and clears the residual, so that none
+// of it is lost and none sent twice. Nothing when the group has no residuals (Group::residuals).
+Status FlushResidual(const Group& group, size_t i, float* local_sum);
+
 // Writes `acc` (the group in the accumulator type) divided by `divisor` into every member's input
 // regions (GroupMember::num_inputs()), converted to the member's dtype.
 void WriteBackMembers(const Group& group, const char* acc, double divisor);

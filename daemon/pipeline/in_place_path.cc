@@ -17,7 +17,11 @@ class InPlacePath final : public ReducePath {
            local_size_ == 1 && AccumulatesInPlace(group.members[0].meta.dtype);
   }
 
-  Status Prepare(Group& group, Scratch&, bool*) override { return StageToHost(group); }
+  Status Prepare(Group& group, Scratch&, bool*) override {
+    SPARSYNC_RETURN_IF_ERROR(StageToHost(group));
+    return FlushResidual(group, 0,
+                         static_cast<float*>(group.members.front().parts.front().region->data()));
+  }
 
   Status Exchange(Group& group, Scratch&, uint32_t* tag) override {
     const GroupMember& m = group.members.front();

@@ -41,6 +41,10 @@ struct Group {
   // The gradient group's sparse reducer, when it is compressed (null: dense), decided when the
   // group is formed from its compressor, dtype and size (SPARSYNC_MIN_COMPRESS_BYTES).
   SparseReducer* reducer = nullptr;
+  // A compressing job's gradient group reduced dense (its merge plan chose dense, or it is
+  // smaller than SPARSYNC_MIN_COMPRESS_BYTES): the node's per-tensor state, whose residuals the
+  // dense path adds into its local sum and clears (FlushResidual, host_sum.h). Null otherwise.
+  TensorState* residuals = nullptr;
   // The same on every node: they seed the random compressors.
   uint64_t step = 0;      // the round of the group's tensors
   uint32_t group_id = 0;  // the first tensor's slot

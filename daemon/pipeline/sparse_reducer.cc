@@ -194,41 +194,32 @@ Status SparseReducer::PrepareWork(std::span<const GroupSlice> slices, uint64_t s
 Status SparseReducer::Exchange(std::span<const GroupSlice> slices, PreparedGroup& prepared,
                                std::span<float> group, double divisor, uint32_t* tag) {
   bool skip = false;
-  // What left this node for good (the residual keeps the rest); null: nothing to keep.
-  const std::vector<float>* delivered = nullptr;
-  std::vector<float> gtopk_delivered;
   if (config_.compressor == Compressor::kRandomK) {
     SPARSYNC_RETURN_IF_ERROR(ExchangeSharedIndices(group, prepared, tag, &skip));
-    delivered = &prepared.values;  // float32: sent exactly
+    if (!skip) KeepState(slices, prepared, prepared.values);  // float32: sent exactly
   } else if (UsesGlobalTopK()) {
-    SPARSYNC_RETURN_IF_ERROR(ExchangeGlobalTopK(group, prepared, tag, &skip, &gtopk_delivered));
-    delivered = &gtopk_delivered;
+    std::vector<float> delivered;
+    SPARSYNC_RETURN_IF_ERROR(ExchangeGlobalTopK(group, prepared, tag, &skip, &delivered));
+    if (!skip) KeepState(slices, prepared, delivered);
   } else {
-    SPARSYNC_RETURN_IF_ERROR(ExchangeAllGather(group, prepared, tag, &skip));
-    delivered = &prepared.delivered;
+    // The state first, then the decode: `group` may be prepared.work (DecodesIntoWork()).
+    std::vector<size_t> payload_bytes;
+    SPARSYNC_RETURN_IF_ERROR(GatherPayloads(prepared, tag, &skip, &payload_bytes));
+    if (!skip) {
+      KeepState(slices, prepared, prepared.delivered);
+      SPARSYNC_RETURN_IF_ERROR(DecodeAll(payload_bytes, group));
+    }
   }
-  const bool error_feedback = config_.ErrorFeedback();
   if (skip) {
     // Some node saw NaN/Inf: every node drops this group's update for the step. A finite node
-    // keeps everything it would have sent in its residual, so nothing is lost.
-    std::fill(group.begin(), group.end(), 0.0f);
-    if (prepared.finite && error_feedback) {
+    // keeps everything it would have sent in its residual, so nothing is lost (stored before
+    // `group`, which may be the work buffer, is cleared).
+    if (prepared.finite && config_.ErrorFeedback()) {
       state_->Store(TensorState::Kind::kResidual, slices, prepared.work);
     }
+    std::fill(group.begin(), group.end(), 0.0f);
     if (!prepared.finite) WarnSkipped(prepared);
     return Status::Ok();
-  }
-  if (error_feedback) {
-    // residual = what was to be sent minus what the other nodes decode.
-    std::vector<float>& work = prepared.work;
-    for (size_t j = 0; j < prepared.indices.size(); ++j) {
-      work[prepared.indices[j]] -= (*delivered)[j];
-    }
-  }
-  if (error_feedback) state_->Store(TensorState::Kind::kResidual, slices, prepared.work);
-  if (config_.compressor == Compressor::kDgc) {
-    state_->Store(TensorState::Kind::kMomentum, slices, prepared.dgc.momentum);
-    state_->Store(TensorState::Kind::kAccumulation, slices, prepared.dgc.accumulation);
   }
   if (divisor != 1.0) {
     const float d = static_cast<float>(divisor);
@@ -236,6 +227,24 @@ Status SparseReducer::Exchange(std::span<const GroupSlice> slices, PreparedGroup
   }
   return Status::Ok();
 }
+
+void SparseReducer::KeepState(std::span<const GroupSlice> slices, PreparedGroup& prepared,
+                              const std::vector<float>& delivered) {
+  if (config_.ErrorFeedback()) {
+    // residual = what was to be sent minus what the other nodes decode.
+    std::vector<float>& work = prepared.work;
+    for (size_t j = 0; j < prepared.indices.size(); ++j) {
+      work[prepared.indices[j]] -= delivered[j];
+    }
+    state_->Store(TensorState::Kind::kResidual, slices, prepared.work);
+  }
+  if (config_.compressor == Compressor::kDgc) {
+    state_->Store(TensorState::Kind::kMomentum, slices, prepared.dgc.momentum);
+    state_->Store(TensorState::Kind::kAccumulation, slices, prepared.dgc.accumulation);
+  }
+}
+
+bool SparseReducer::DecodesIntoWork() const { return UsesAllGather(); }
 
 Status SparseReducer::Reduce(std::span<const GroupSlice> slices, std::span<float> group,
                              uint64_t step, uint32_t group_id, double divisor, uint32_t* tag) {
@@ -267,12 +276,8 @@ Status SparseReducer::GatherPayloads(PreparedGroup& prepared, uint32_t* tag, boo
   return Status::Ok();
 }
 
-Status SparseReducer::ExchangeAllGather(std::span<float> group, PreparedGroup& prepared,
-                                        uint32_t* tag, bool* skip) {
+Status SparseReducer::DecodeAll(const std::vector<size_t>& payload_bytes, std::span<float> group) {
   const int64_t n = static_cast<int64_t>(group.size());
-  std::vector<size_t> payload_bytes;
-  SPARSYNC_RETURN_IF_ERROR(GatherPayloads(prepared, tag, skip, &payload_bytes));
-  if (*skip) return Status::Ok();
   std::fill(group.begin(), group.end(), 0.0f);
   size_t offset = 0;
   for (int r = 0; r < num_nodes_; ++r) {

@@ -72,9 +72,13 @@ class SparseReducer {
   // Stage B: every transport call of the group, in the same order on every node. On return
   // `group` holds the decompressed sum over all nodes divided by `divisor`; the residuals of
   // `slices` are updated. `*tag` is the transport tag counter shared with the executor.
-  // REQUIRES: `prepared` came from Prepare() with the same slices and group size.
+  // REQUIRES: `prepared` came from Prepare() with the same slices and group size. `group` may be
+  // prepared.work itself when DecodesIntoWork() (one group-sized buffer less).
   Status Exchange(std::span<const GroupSlice> slices, PreparedGroup& prepared,
                   std::span<float> group, double divisor, uint32_t* tag);
+  // Whether Exchange() finishes with prepared.work before it writes `group` (the allgather
+  // exchange), so that the two may be one buffer.
+  bool DecodesIntoWork() const;
   // Prepare() then Exchange() on the calling thread, with a scratch PreparedGroup.
   Status Reduce(std::span<const GroupSlice> slices, std::span<float> group, uint64_t step,
                 uint32_t group_id, double divisor, uint32_t* tag);
@@ -108,15 +112,20 @@ class SparseReducer {
   Status Select(uint64_t step, uint32_t group_id, PreparedGroup* prepared);
   // Encodes the selection; `with_delivered`: also what the peers decode of it (error feedback).
   Status Pack(int64_t n, bool with_delivered, PreparedGroup* prepared);
-  Status ExchangeAllGather(std::span<float> group, PreparedGroup& prepared, uint32_t* tag,
-                           bool* skip);
-  // The transport half of ExchangeAllGather: sizes and flags, then the payloads into gathered_.
+  // The allgather exchange's transport calls: sizes and flags, then the payloads into gathered_.
   Status GatherPayloads(PreparedGroup& prepared, uint32_t* tag, bool* skip,
                         std::vector<size_t>* payload_bytes);
   Status ExchangeGlobalTopK(std::span<float> group, PreparedGroup& prepared, uint32_t* tag,
                             bool* skip, std::vector<float>* delivered);
   Status ExchangeSharedIndices(std::span<float> group, PreparedGroup& prepared, uint32_t* tag,
                                bool* skip);
+  // Every node's payload in gathered_ (sizes `payload_bytes`), decoded and added into `group`
+  // in node order.
+  Status DecodeAll(const std::vector<size_t>& payload_bytes, std::span<float> group);
+  // After a finite exchange: the residuals (what was to be sent minus `delivered`, what the
+  // peers decoded of this node's selection) and DGC's state, from prepared.work.
+  void KeepState(std::span<const GroupSlice> slices, PreparedGroup& prepared,
+                 const std::vector<float>& delivered);
   // The warning of a node whose group was not finite, when the step is skipped.
   void WarnSkipped(const PreparedGroup& prepared) const;
   bool UsesGlobalTopK() const;

@@ -53,12 +53,13 @@ std::string LinearCost::ToString() const {
 CostModel EstimatedCostModel(int num_nodes, double density, bool dense) {
   CostModel m;
   double p = std::max(2, num_nodes);
+  // Ring allreduce: 2(P-1) start-ups, 2(P-1)/P of the bytes through a 1 Gb/s link.
+  const LinearCost ring{2 * (p - 1) * 50e-6, 2 * (p - 1) / p * 4 / 117e6};
   if (dense) {
-    // Ring allreduce: 2(P-1) start-ups, 2(P-1)/P of the bytes through a 1 Gb/s link.
-    m.exchange.fixed_s = 2 * (p - 1) * 50e-6;
-    m.exchange.per_element_s = 2 * (p - 1) / p * 4 / 117e6;
+    m.exchange = ring;
     return m;
   }
+  m.dense_exchange = ring;
   // t_c(x) = 2 (a_P + b_P * 4 * P * k), k = density * x: values and indices gathered separately.
   struct Fit {
     int nodes;
@@ -80,7 +81,11 @@ CostModel EstimatedCostModel(int num_nodes, double density, bool dense) {
 }
 
 std::string CostModel::ToString() const {
-  return "t_s = " + sparsify.ToString() + ", t_c = " + exchange.ToString();
+  std::string s = "t_s = " + sparsify.ToString() + ", t_c = " + exchange.ToString();
+  if (knows_dense()) {
+    s += ", dense " + dense_prepare.ToString() + " + " + dense_exchange.ToString();
+  }
+  return s;
 }
 
 }  // namespace sparsync::planning

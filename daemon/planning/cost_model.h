@@ -34,6 +34,10 @@ struct CostModel {
   // t_c: exchange a group of x elements across all nodes (sparse allgather, or the dense
   // allreduce when the job does not compress).
   LinearCost exchange;
+  // A compressing job's groups sent dense instead (SPARSYNC_COMPRESS=auto): stage A's local sum
+  // and the dense allreduce. Both zero: not known, and the planner never sends a group dense.
+  LinearCost dense_prepare;
+  LinearCost dense_exchange;
 
   double SparsifyTime(uint64_t elements) const {
     return elements == 0 ? 0.0 : sparsify.At(static_cast<double>(elements));
@@ -41,13 +45,21 @@ struct CostModel {
   double ExchangeTime(uint64_t elements) const {
     return elements == 0 ? 0.0 : exchange.At(static_cast<double>(elements));
   }
+  double DensePrepareTime(uint64_t elements) const {
+    return elements == 0 ? 0.0 : dense_prepare.At(static_cast<double>(elements));
+  }
+  double DenseExchangeTime(uint64_t elements) const {
+    return elements == 0 ? 0.0 : dense_exchange.At(static_cast<double>(elements));
+  }
+  bool knows_dense() const { return dense_exchange != LinearCost{}; }
   std::string ToString() const;
   bool operator==(const CostModel&) const = default;
 };
 
 // Costs to plan with before anything is measured (SPARSYNC_CALIBRATE=0): the 1 Gb/s Ethernet fits
-// of the OMGS paper for the sparse allgather (docs/algorithms.md §2, nearest P of 2, 4, 8, 16), a ring
-// allreduce at 1 Gb/s for dense jobs, and this project's CPU top-k speed for the selection.
+// of the OMGS paper for the sparse allgather (docs/algorithms.md §2, nearest P of 2, 4, 8, 16), a
+// ring allreduce at 1 Gb/s for dense jobs (and for a sparse job's dense groups), and this project's
+// CPU top-k speed for the selection.
 CostModel EstimatedCostModel(int num_nodes, double density, bool dense);
 
 // One layer (one gradient tensor) as the planner sees it.

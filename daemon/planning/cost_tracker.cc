@@ -1,6 +1,7 @@
 #include "daemon/planning/cost_tracker.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <utility>
 #include <vector>
@@ -28,6 +29,18 @@ CostModel CostTracker::Current() const {
   m.sparsify = Refresh(base_.sparsify, &Sample::sparsify_s);
   m.exchange = Refresh(base_.exchange, &Sample::exchange_s);
   return m;
+}
+
+double CostTracker::RelativeError() const {
+  if (samples_.size() < std::max<size_t>(1, min_samples_)) return 0.0;
+  const CostModel model = Current();
+  std::vector<double> deviations;
+  for (const Sample& s : samples_) {
+    const double predicted = model.sparsify.At(s.elements) + model.exchange.At(s.elements);
+    if (predicted <= 0) continue;
+    deviations.push_back(std::abs((s.sparsify_s + s.exchange_s) / predicted - 1));
+  }
+  return deviations.empty() ? 0.0 : Median(std::move(deviations));
 }
 
 LinearCost CostTracker::Refresh(const LinearCost& base, double Sample::*seconds) const {

@@ -13,6 +13,11 @@
 //   - otherwise (one group per step, or groups of one size): the calibrated line is scaled by
 //     the median ratio of measured to calibrated time, which keeps its shape;
 //   - fewer than `min_samples` samples: the calibrated line.
+//
+// The model's own error (RelativeError): how far the window's samples lie from the refreshed
+// lines, as the median of |measured / predicted - 1| over the groups' t_s + t_c. A plan whose
+// predicted gain is smaller than this is not a real gain (planning/planner.h; the scheduler's
+// rule for re-planning, docs/planning.md).
 #pragma once
 
 #include <cstddef>
@@ -38,6 +43,8 @@ class CostTracker {
 
   // The model to plan with now.
   CostModel Current() const;
+  // The spread of the samples around Current() (see above); 0 with fewer than min_samples.
+  double RelativeError() const;
 
  private:
   struct Sample {

@@ -43,14 +43,17 @@ class Stepper {
   uint64_t Elements(size_t begin, size_t end) const { return elements_[end] - elements_[begin]; }
   double Backward(size_t begin, size_t end) const { return ready_[end] - ready_[begin]; }
 
-  GroupTimes Add(const Resources& r, size_t begin, size_t end, Resources* out) const {
+  // `dense`: the group is sent dense (the dense lines' costs).
+  GroupTimes Add(const Resources& r, size_t begin, size_t end, Resources* out,
+                 bool dense = false) const {
     uint64_t x = Elements(begin, end);
     GroupTimes t;
     double start = in_.sparsify_blocks_backward ? r.compute + Backward(begin, end)
                                                 : std::max(ready_[end], r.compute);
-    t.sparsify_end = start + in_.cost.SparsifyTime(x);
+    t.sparsify_end = start + (dense ? in_.cost.DensePrepareTime(x) : in_.cost.SparsifyTime(x));
     t.exchange_start = std::max(t.sparsify_end, r.network);
-    t.exchange_end = t.exchange_start + in_.cost.ExchangeTime(x);
+    t.exchange_end =
+        t.exchange_start + (dense ? in_.cost.DenseExchangeTime(x) : in_.cost.ExchangeTime(x));
     out->compute = t.sparsify_end;
     out->network = t.exchange_end;
     return t;
@@ -62,11 +65,57 @@ class Stepper {
   std::vector<uint64_t> elements_;
 };
 
+// The modes a group may be sent in.
+std::vector<bool> Modes(const PlanInput& in) {
+  if (in.choose_dense && in.cost.knows_dense()) return {false, true};
+  return {false};
+}
+
+// A search state: where the two resources stand, and how it was reached.
+struct State {
+  Resources r;
+  size_t from = 0;  // the prefix (or group) this state extends
+  size_t from_state = 0;
+  bool dense = false;  // the last group is sent dense
+};
+
+// The Pareto set of `candidates` over (compute, network) free times, sorted by compute ascending
+// with network strictly descending. Of equal states the sparse one is kept.
+std::vector<State> ParetoFront(std::vector<State> candidates) {
+  std::sort(candidates.begin(), candidates.end(), [](const State& a, const State& b) {
+    if (a.r.compute != b.r.compute) return a.r.compute < b.r.compute;
+    if (a.r.network != b.r.network) return a.r.network < b.r.network;
+    return a.dense < b.dense;
+  });
+  std::vector<State> front;
+  double best_network = std::numeric_limits<double>::infinity();
+  for (const State& c : candidates) {
+    if (c.r.network < best_network) {
+      front.push_back(c);
+      best_network = c.r.network;
+    }
+  }
+  return front;
+}
+
+// The state of `front` with the earliest network finish (the first of equals).
+size_t EarliestFinish(const std::vector<State>& front) {
+  size_t best = 0;
+  for (size_t s = 1; s < front.size(); ++s) {
+    if (front[s].r.network < front[best].r.network) best = s;
+  }
+  return best;
+}
+
 Plan Finish(PlannerKind kind, const PlanInput& in, std::vector<size_t> starts) {
   Plan plan;
   plan.planner = kind;
   plan.starts = std::move(starts);
-  plan.predicted_s = Simulate(in, plan.starts).iteration_s;
+  plan.dense = ChooseDense(in, plan.starts);
+  if (std::none_of(plan.dense.begin(), plan.dense.end(), [](bool d) { return d; })) {
+    plan.dense.clear();
+  }
+  plan.predicted_s = Simulate(in, plan.starts, plan.dense).iteration_s;
   return plan;
 }
 
@@ -128,19 +177,20 @@ std::string Plan::Describe(size_t num_layers) const {
     size_t end = g + 1 < starts.size() ? starts[g + 1] : num_layers;
     o << " [" << starts[g];
     if (end - starts[g] > 1) o << ".." << end - 1;
-    o << "]";
+    o << (IsDense(g) ? " dense]" : "]");
   }
   return o.str();
 }
 
-Timeline Simulate(const PlanInput& in, const std::vector<size_t>& starts) {
+Timeline Simulate(const PlanInput& in, const std::vector<size_t>& starts,
+                  const std::vector<bool>& dense) {
   Stepper step(in);
   Timeline t;
   Resources r;
   for (size_t g = 0; g < starts.size(); ++g) {
     size_t end = g + 1 < starts.size() ? starts[g + 1] : in.layers.size();
     Resources next;
-    GroupTimes times = step.Add(r, starts[g], end, &next);
+    GroupTimes times = step.Add(r, starts[g], end, &next, g < dense.size() && dense[g]);
     r = next;
     t.sparsify_end.push_back(times.sparsify_end);
     t.exchange_start.push_back(times.exchange_start);
@@ -148,6 +198,39 @@ Timeline Simulate(const PlanInput& in, const std::vector<size_t>& starts) {
   }
   t.iteration_s = r.network;
   return t;
+}
+
+std::vector<bool> ChooseDense(const PlanInput& in, const std::vector<size_t>& starts) {
+  const std::vector<bool> modes = Modes(in);
+  if (modes.size() == 1 || starts.empty()) return std::vector<bool>(starts.size(), false);
+  Stepper step(in);
+  // fronts[g]: the Pareto set after groups [0, g), each state's `from_state` in fronts[g-1].
+  std::vector<std::vector<State>> fronts(starts.size() + 1);
+  fronts[0].push_back({});
+  for (size_t g = 0; g < starts.size(); ++g) {
+    size_t end = g + 1 < starts.size() ? starts[g + 1] : in.layers.size();
+    std::vector<State> candidates;
+    for (size_t s = 0; s < fronts[g].size(); ++s) {
+      for (bool dense : modes) {
+        State next;
+        step.Add(fronts[g][s].r, starts[g], end, &next.r, dense);
+        next.from_state = s;
+        next.dense = dense;
+        candidates.push_back(next);
+      }
+    }
+    fronts[g + 1] = ParetoFront(std::move(candidates));
+  }
+  std::vector<bool> dense(starts.size(), false);
+  const size_t best = EarliestFinish(fronts.back());
+  // Compress only where it pays: when compressing every group ends as early, every group stays
+  // compressed.
+  if (Simulate(in, starts).iteration_s <= fronts.back()[best].r.network) return dense;
+  for (size_t g = starts.size(), s = best; g > 0; --g) {
+    dense[g - 1] = fronts[g][s].dense;
+    s = fronts[g][s].from_state;
+  }
+  return dense;
 }
 
 Plan PlanOmgs(const PlanInput& in) {
@@ -191,14 +274,10 @@ Plan PlanMgWfbp(const PlanInput& in) {
 
 Plan PlanOptimal(const PlanInput& in) {
   const size_t n = in.layers.size();
+  const std::vector<bool> modes = Modes(in);
   Stepper step(in);
-  struct State {
-    Resources r;
-    size_t from = 0;      // prefix this state extends
-    size_t from_state = 0;
-  };
-  // front[i]: Pareto set over (compute, network) of the groupings of layers [0, i), sorted by
-  // compute ascending with network strictly descending.
+  // front[i]: Pareto set over (compute, network) of the groupings of layers [0, i), each group
+  // in either mode.
   std::vector<std::vector<State>> front(n + 1);
   front[0].push_back({});
   for (size_t j = 1; j <= n; ++j) {
@@ -206,32 +285,22 @@ Plan PlanOptimal(const PlanInput& in) {
     for (size_t i = j; i-- > 0;) {
       if (ClassOf(in, i) != ClassOf(in, j - 1)) break;  // groups never span two classes
       for (size_t s = 0; s < front[i].size(); ++s) {
-        State next;
-        step.Add(front[i][s].r, i, j, &next.r);
-        next.from = i;
-        next.from_state = s;
-        candidates.push_back(next);
+        for (bool dense : modes) {
+          State next;
+          step.Add(front[i][s].r, i, j, &next.r, dense);
+          next.from = i;
+          next.from_state = s;
+          next.dense = dense;
+          candidates.push_back(next);
+        }
       }
     }
-    std::sort(candidates.begin(), candidates.end(), [](const State& a, const State& b) {
-      if (a.r.compute != b.r.compute) return a.r.compute < b.r.compute;
-      return a.r.network < b.r.network;
-    });
-    double best_network = std::numeric_limits<double>::infinity();
-    for (const State& c : candidates) {
-      if (c.r.network < best_network) {
-        front[j].push_back(c);
-        best_network = c.r.network;
-      }
-    }
+    front[j] = ParetoFront(std::move(candidates));
   }
-  // The end state with the earliest network finish; walk the back pointers.
-  size_t best = 0;
-  for (size_t s = 1; s < front[n].size(); ++s) {
-    if (front[n][s].r.network < front[n][best].r.network) best = s;
-  }
+  // The end state with the earliest network finish; walk the back pointers. Finish chooses the
+  // modes of this grouping again, which gives the same optimum.
   std::vector<size_t> starts;
-  for (size_t j = n, s = best; j > 0;) {
+  for (size_t j = n, s = EarliestFinish(front[n]); j > 0;) {
     const State& st = front[j][s];
     starts.push_back(st.from);
     j = st.from;

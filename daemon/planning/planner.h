@@ -1,5 +1,6 @@
-// Merge planners (docs/algorithms.md §3-4): split the gradient tensors of one step, in the order backward
-// produces them, into contiguous merge groups, and predict the iteration time of the result.
+// Merge planners (docs/algorithms.md §3-4): split the gradient tensors of one step, in the order
+// backward produces them, into contiguous merge groups, and predict the iteration time of the
+// result.
 //
 //   omgs       the greedy rule of OMGS-SGD (Shi et al., "Communication-Efficient Distributed Deep
 //              Learning with Merged Gradient Sparsification on GPUs", IEEE INFOCOM 2020): walk
@@ -22,6 +23,14 @@
 // (forward is the same under every plan). With `sparsify_blocks_backward` (a GPU whose kernels
 // sparsify on the stream that runs backward, the paper's setting) sparsifying a group also delays
 // every later layer's backward by t_s; on the CPU daemon it runs beside the framework's backward.
+//
+// Compress only where it pays (SPARSYNC_COMPRESS=auto). With `choose_dense`, every planner's
+// groups are then sent dense or sparse, whichever the model predicts makes the iteration end
+// sooner: a dense group costs the dense lines (t_s = dense_prepare, t_c = dense_exchange) on the
+// same two resources. The choice is exact for the planner's grouping (a Pareto search over the
+// groups, like `optimal`'s), so the grouping rules themselves are unchanged: `omgs` stays the
+// paper's rule, decided on the sparse costs. `optimal` is the optimum over groupings and
+// choices together (its grouping re-chosen is the same optimum).
 #pragma once
 
 #include <cstddef>
@@ -47,6 +56,8 @@ struct PlanInput {
   std::vector<uint64_t> merge_class;  // empty: all equal
   CostModel cost;
   bool sparsify_blocks_backward = false;
+  // Send a group dense where the model predicts that faster (needs cost.knows_dense()).
+  bool choose_dense = false;
   uint64_t bytes_per_element = 4;  // for kFixed
 };
 
@@ -61,16 +72,25 @@ struct Plan {
   PlannerKind planner = PlannerKind::kSingle;
   // Group boundaries: group g holds layers [starts[g], starts[g+1]) (the last up to the end).
   std::vector<size_t> starts;
+  // Per group: sent dense (the model predicted it faster). Empty: every group sparse.
+  std::vector<bool> dense;
   double predicted_s = 0;
 
   size_t num_groups() const { return starts.size(); }
+  bool IsDense(size_t group) const { return group < dense.size() && dense[group]; }
   std::vector<size_t> GroupSizes(size_t num_layers) const;
-  // "12 groups: [0..3] [4] ..." for the log.
+  // "12 groups: [0..3] [4 dense] ..." for the log.
   std::string Describe(size_t num_layers) const;
 };
 
-// The timeline of `starts` (see above). REQUIRES: starts is strictly increasing from 0.
-Timeline Simulate(const PlanInput& input, const std::vector<size_t>& starts);
+// The timeline of `starts` (see above), group g sent dense where dense[g] (empty: all sparse).
+// REQUIRES: starts is strictly increasing from 0.
+Timeline Simulate(const PlanInput& input, const std::vector<size_t>& starts,
+                  const std::vector<bool>& dense = {});
+// The fastest dense or sparse choice for each group of `starts` under input.cost (all false
+// unless input.choose_dense and the cost model knows the dense lines). Exact; when compressing
+// every group is predicted to end as early, every group stays compressed.
+std::vector<bool> ChooseDense(const PlanInput& input, const std::vector<size_t>& starts);
 
 // Runs `kind`. `fixed_bytes` is the bucket of kFixed. Errors: an input without layers.
 Result<Plan> MakePlan(PlannerKind kind, const PlanInput& input, uint64_t fixed_bytes = 0);

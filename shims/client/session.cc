@@ -335,7 +335,15 @@ Status Session::WaitDone(uint32_t id, double timeout_s, const device::CudaStream
   if (t == nullptr) {
     return Status(SPARSYNC_ERR_INVALID, "tensor '" + name + "' was unregistered while waiting");
   }
-  if (t->in_flight()) return Status(ToStatus(job_error_.status), job_error_.message);
+  // The daemon's own deadline (SPARSYNC_TIMEOUT_S: a tensor or node missing elsewhere) failed
+  // the job. Returned as TIMEOUT it would read as this wait's deadline, which callers that wait
+  // in slices retry until their own limit, losing the daemon's explanation: it is ABORTED.
+  auto failed = [](int status, const std::string& message) {
+    return Status(status == SPARSYNC_ERR_TIMEOUT ? SPARSYNC_ERR_ABORTED : ToStatus(status),
+                  message);
+  };
+  if (t->in_flight()) return failed(job_error_.status, job_error_.message);
+  if (t->status == SPARSYNC_ERR_TIMEOUT) return failed(t->status, t->message);
   if (t->status != SPARSYNC_OK) return Status(ToStatus(t->status), t->message);
   std::string error;
   if (t->cuda && !t->cuda->StreamWaitDone(*stream, &error)) {

@@ -128,6 +128,25 @@ void Collectives::Enqueue(Request request) {
   EndRegionUse();
 }
 
+Outcome Collectives::Timeline(const std::string& path, double timeout_s) {
+  sparsync_client* client;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (client_ == nullptr || closing_) return Error(SPARSYNC_ERR_INVALID, kNotInitialized);
+    client = client_;
+    ++busy_;  // Close frees the handle only once nobody uses it
+  }
+  sparsync_status s;
+  Outcome outcome;
+  {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    s = sparsync_timeline(client, path.c_str(), timeout_s);
+    if (s != SPARSYNC_OK) outcome = Error(s, sparsync_last_error(client));
+  }
+  EndRegionUse();
+  return outcome;
+}
+
 bool Collectives::BeginRegionUse() {
   std::lock_guard<std::mutex> lock(mu_);
   if (closing_) return false;

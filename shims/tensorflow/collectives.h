@@ -87,6 +87,9 @@ class Collectives {
   bool connected() const;
   // Answers every request (before Close: with the daemon's result; after: with an error).
   void Enqueue(Request request);
+  // Starts the daemon's timeline into `path` (a file on the daemon's machine), or stops it
+  // (""), waiting up to `timeout_s` for its answer. INVALID when not connected.
+  Outcome Timeline(const std::string& path, double timeout_s);
   // Fails the collectives in flight, waits for their `done`, releases every region and says
   // goodbye to the daemon. Connect may be called again afterwards. Not from a `done` callback.
   void Close();

@@ -298,6 +298,18 @@ REGISTER_KERNEL_BUILDER(Name("SparsyncBroadcast").Device(::tensorflow::DEVICE_CP
 }  // namespace sparsync::tensorflow_shim
 
 // The functions sparsync.tensorflow calls through ctypes (the same loaded library as its ops).
+namespace {
+
+// A failed outcome's message into the caller's `error` buffer (NUL-terminated, truncated).
+void CopyError(const sparsync::tensorflow_shim::Outcome& o, char* error, size_t error_len) {
+  if (o.ok() || error == nullptr || error_len == 0) return;
+  size_t n = std::min(o.message.size(), error_len - 1);
+  memcpy(error, o.message.data(), n);
+  error[n] = '\0';
+}
+
+}  // namespace
+
 extern "C" {
 
 // Connects this process's ops to the daemon; 0 on success, else a sparsync_status with the
@@ -316,11 +328,16 @@ __attribute__((visibility("default"))) int sparsync_tf_init(
   s.timeout_hint = timeout_hint ? timeout_hint : "SPARSYNC_TIMEOUT_S";
   s.cuda_runtime = cuda_runtime ? cuda_runtime : "";
   sparsync::tensorflow_shim::Outcome o = sparsync::tensorflow_shim::Process().Connect(s, world);
-  if (!o.ok() && error != nullptr && error_len > 0) {
-    size_t n = std::min(o.message.size(), error_len - 1);
-    memcpy(error, o.message.data(), n);
-    error[n] = '\0';
-  }
+  CopyError(o, error, error_len);
+  return o.status;
+}
+
+// Starts the daemon's timeline into `path`, or stops it (NULL or ""); as sparsync_tf_init.
+__attribute__((visibility("default"))) int sparsync_tf_timeline(const char* path, double timeout_s,
+                                                                char* error, size_t error_len) {
+  sparsync::tensorflow_shim::Outcome o =
+      sparsync::tensorflow_shim::Process().Timeline(path ? path : "", timeout_s);
+  CopyError(o, error, error_len);
   return o.status;
 }
 

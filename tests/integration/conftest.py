@@ -71,6 +71,11 @@ def sparsync_env(extra=None):
             env[k] = os.environ[k]
     env["PYTHONPATH"] = str(REPO / "shims" / "python")
     env["PYTHONUNBUFFERED"] = "1"
+    # Every group of at least SPARSYNC_MIN_COMPRESS_BYTES is compressed: with the default (auto)
+    # the planner sends a group dense when its timing predicts that faster, so that two runs
+    # (or a run and its reference) need not compress the same groups. Tests of that choice pass
+    # SPARSYNC_COMPRESS=auto.
+    env["SPARSYNC_COMPRESS"] = "always"
     env.update(extra or {})
     return env
 

@@ -28,7 +28,9 @@ def test_replanning_mid_run_keeps_every_node_identical(job_factory):
     job = job_factory(4, 1, {"SPARSYNC_COMPRESSOR": "topk", "SPARSYNC_DENSITY": "0.05",
                              "SPARSYNC_MIN_COMPRESS_BYTES": "0",
                              "SPARSYNC_MERGE": "layerwise,single,omgs,optimal",
-                             "SPARSYNC_PLAN_WARMUP_STEPS": "1", "SPARSYNC_REPLAN_STEPS": "3"})
+                             "SPARSYNC_PLAN_WARMUP_STEPS": "1", "SPARSYNC_REPLAN_STEPS": "3",
+                             # each node's "following" line is at debug (node 0 logs plans at info)
+                             "SPARSYNC_LOG_LEVEL": "debug"})
     rcs = job.run_workers("train_sparse.py", timeout_s=150)
     assert rcs == [0] * 4, "workers failed: %s\n%s" % (rcs, job.logs())
     _identical_and_learning(job, 4)
@@ -50,8 +52,29 @@ def test_default_planner_plans_after_warm_up(job_factory):
     assert rcs == [0, 0], "workers failed: %s\n%s" % (rcs, job.logs())
     _identical_and_learning(job, 2)
     log = _full_logs(job)
-    match = re.search(r"planner: plan v1 \(omgs\) from step (\d+): .*predicted ([0-9.]+) ms", log)
+    match = re.search(r"planner: plan v1 \(optimal\) from step (\d+): .*predicted ([0-9.]+) ms", log)
     assert match, log
     assert int(match.group(1)) == 6, "5 warm-up steps, the first not measured"
-    assert "predicted: optimal" in log
+    assert "predicted: optimal" in log and " omgs " in log, "the paper's rule is still compared"
+    job.assert_clean_after_stop(job.stop())
+
+
+def test_a_job_with_defaults_logs_only_plan_changes(job_factory):
+    # 30 steps on 4 nodes of a loaded machine: backward times wander by more than
+    # SPARSYNC_REPLAN_DRIFT from step to step. A plan is announced (and logged, and followed)
+    # only when it differs from the one in force and gains more than the model's error.
+    # the daemons' defaults (at debug, for each node's "following" line)
+    job = job_factory(4, 1, {"SPARSYNC_COMPRESS": "auto", "SPARSYNC_LOG_LEVEL": "debug"})
+    rcs = job.run_workers("train_sparse.py", timeout_s=150)
+    assert rcs == [0] * 4, "workers failed: %s\n%s" % (rcs, job.logs())
+    log = _full_logs(job)
+    made = re.findall(r"planner: plan v(\d+) \((\w+)\) from step \d+: (.*?), predicted", log)
+    assert made, log
+    assert [int(v) for v, _, _ in made] == list(range(1, len(made) + 1)), made
+    for (_, planner_a, groups_a), (_, planner_b, groups_b) in zip(made, made[1:]):
+        assert (planner_a, groups_a) != (planner_b, groups_b), "re-announced the same plan"
+    assert len(made) <= 4, made
+    dropped = len(re.findall(r"planner: plan v\d+ dropped", log))
+    assert len(re.findall(r"following merge plan v", log)) == 4 * len(made), log
+    assert dropped == 0, "a plan was dropped in a steady job"
     job.assert_clean_after_stop(job.stop())

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from conftest import sparsync_env
-from test_tensorflow import TF_PYTHON, WORKERS, requires_tf, run_tf_workers, start_worker, \
-    tf_env, wait_all
+from test_tensorflow import TF_PYTHON, TF_START_S, WORKERS, requires_tf, run_tf_workers, \
+    start_worker, tf_env, wait_all
 
 TIMEOUT_S = 20
 
@@ -31,7 +31,7 @@ def test_no_daemon_names_the_socket_variable_within_seconds(short_tmp, client_li
             "try:\n    hvd.init()\nexcept hvd.SparsyncError as e:\n"
             "    print('ERR %.2f' % (time.monotonic() - t), e)\n")
     out = subprocess.run([str(TF_PYTHON), "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=TF_START_S + 60)
     line = next((x for x in out.stdout.splitlines() if x.startswith("ERR")), None)
     assert line is not None, out.stdout + out.stderr
     assert float(line.split()[1]) < 5.0, line
@@ -85,7 +85,7 @@ def test_tensorflow_and_torch_workers_share_a_job(job_factory):
         start_worker(job, 0, [TF_PYTHON, script], {"MODE": "mixed", "FRAMEWORK": "tensorflow"}),
         start_worker(job, 1, [sys.executable, script], {"MODE": "mixed", "FRAMEWORK": "torch"}),
     ]
-    rcs = wait_all(job.workers, TIMEOUT_S + 60)
+    rcs = wait_all(job.workers, TF_START_S + TIMEOUT_S + 60)
     assert rcs == [0, 0], "workers failed: %s\n%s" % (rcs, job.logs())
     results = read_results(job, [0, 1])
     for r, res in results.items():

@@ -6,7 +6,7 @@ import subprocess
 
 import numpy as np
 
-from test_tensorflow import TF_PYTHON, WORKERS, requires_tf, run_tf_workers, tf_env
+from test_tensorflow import TF_PYTHON, TF_START_S, WORKERS, requires_tf, run_tf_workers, tf_env
 
 
 def arrays(path):
@@ -17,11 +17,11 @@ def arrays(path):
 @requires_tf
 def test_keras_fit_on_4_nodes_equals_one_process_on_the_whole_batch(job_factory):
     job = job_factory(4, 1)  # SPARSYNC_COMPRESSOR=none: the exact dense path
-    rcs = run_tf_workers(job, "tf_keras_fit.py", timeout_s=240)
+    rcs = run_tf_workers(job, "tf_keras_fit.py", timeout_s=150)
     assert rcs == [0] * 4, "workers failed: %s\n%s" % (rcs, job.logs())
     single = subprocess.run([str(TF_PYTHON), str(WORKERS / "tf_keras_fit.py"), "single"],
                             env=tf_env(job.worker_env(0)), capture_output=True, text=True,
-                            timeout=180)
+                            timeout=TF_START_S + 120)
     assert single.returncode == 0, single.stdout + single.stderr
     reference = arrays(job.outdir / "single.npz")
     ref_loss = float(np.load(job.outdir / "single.npz")["loss"])
@@ -49,7 +49,7 @@ def test_tape_with_topk_trains_identically_on_every_rank(job_factory):
     # Top-k on every group, however small (the default sends groups under 64 KiB dense).
     job = job_factory(3, 1, {"SPARSYNC_MIN_COMPRESS_BYTES": "0"})
     n = job.size
-    rcs = run_tf_workers(job, "tf_tape_topk.py", timeout_s=240)
+    rcs = run_tf_workers(job, "tf_tape_topk.py", timeout_s=150)
     assert rcs == [0] * n, "workers failed: %s\n%s" % (rcs, job.logs())
     results = [dict(np.load(job.outdir / ("rank%d.npz" % r))) for r in range(n)]
     for key in results[0]:
@@ -74,7 +74,7 @@ def test_tape_with_topk_trains_identically_on_every_rank(job_factory):
 @requires_tf
 def test_learning_rate_callbacks_set_the_rate_of_each_batch(job_factory):
     job = job_factory(2, 1)
-    rcs = run_tf_workers(job, "tf_callbacks.py", timeout_s=180)
+    rcs = run_tf_workers(job, "tf_callbacks.py")
     assert rcs == [0, 0], "workers failed: %s\n%s" % (rcs, job.logs())
     res = dict(np.load(job.outdir / "rank0.npz"))
     steps, lr, n = 4, 0.8, 2

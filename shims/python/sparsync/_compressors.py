@@ -1,6 +1,7 @@
 """The daemon-side gradient compressors a shim can ask for, per optimizer or per tape:
-``sparsify=TopK(density=0.001)``. Framework-neutral (sparsync.tensorflow uses it; sparsync.torch
-has the same names in _torch_optimizer). Explicit allreduce is never compressed.
+``sparsify=TopK(density=0.001)``, and the interface of Horovod's shim-side ``Compression``
+(each framework adds its float16 cast). Framework-neutral: both shims export these. Explicit
+allreduce is never compressed by the daemon.
 """
 
 from sparsync import _wire as W
@@ -21,6 +22,28 @@ _KINDS = {
     "DGC": ("dgc", "Deep Gradient Compression (Lin et al., ICLR 2018); it keeps its own "
                    "momentum: give the wrapped optimizer momentum=0"),
 }
+
+
+class Compressor:
+    """Interface: compress before the reduction, decompress after (Horovod's)."""
+
+    @staticmethod
+    def compress(tensor):
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
 
 
 class Sparsify:

@@ -11,3 +11,8 @@ class SparsyncError(RuntimeError):
     def __init__(self, message, status=None):
         super().__init__(message)
         self.status = status
+
+
+class HorovodInternalError(SparsyncError):
+    """A collective failed (Horovod's name, raised where Horovod raises it: synchronize() and the
+    operations that wait, DistributedOptimizer.step()); the message is the daemon's."""

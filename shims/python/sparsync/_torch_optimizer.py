@@ -27,31 +27,22 @@ import torch
 
 from sparsync import _torch_state as shared
 from sparsync import _wire as W
+from sparsync._compressors import (  # noqa: F401  (part of sparsync.torch)
+    DGC,
+    Compressor,
+    Dense,
+    GaussianK,
+    GlobalTopK,
+    NoneCompressor,
+    RandomK,
+    Sparsify,
+    Threshold,
+    TopK,
+    Wangni,
+)
 from sparsync._errors import SparsyncError
 
 _log = logging.getLogger("sparsync")
-
-
-class Compressor:
-    """Interface: compress before the reduction, decompress after (Horovod's)."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
 
 class FP16Compressor(Compressor):
@@ -73,69 +64,6 @@ class Compression:
     fp16 = FP16Compressor
 
 
-class Sparsify:
-    """The compressor DistributedOptimizer asks the daemon to apply to its gradients, overriding
-    SPARSYNC_COMPRESSOR / SPARSYNC_DENSITY for them; e.g. ``sparsify=TopK(density=0.001)``.
-    ``density=None`` keeps the daemon's SPARSYNC_DENSITY. Explicit allreduce stays exact."""
-
-    def __init__(self, name, density=None):
-        if name not in W.COMPRESSORS or name == "default":
-            raise ValueError("unknown compressor %r; accepted: %s"
-                             % (name, ", ".join(k for k in W.COMPRESSORS if k != "default")))
-        if density is not None and not 0.0 < density <= 1.0:
-            raise ValueError("density must be in (0, 1], got %r" % (density,))
-        self.name = name
-        self.density = density
-
-    @property
-    def wire(self):
-        return W.COMPRESSORS[self.name], float(self.density or 0.0)
-
-    def __repr__(self):
-        return "Sparsify(%r, density=%r)" % (self.name, self.density)
-
-
-def TopK(density=None):
-    """Exact top-k with error feedback (Aji & Heafield 2017; Stich et al. 2018)."""
-    return Sparsify("topk", density)
-
-
-def GlobalTopK(density=None):
-    """gTop-k (Shi et al., ICDCS 2019): global top-k by pairwise merge-and-reselect."""
-    return Sparsify("gtopk", density)
-
-
-def RandomK(density=None):
-    """k coordinates drawn with a seed shared by all nodes, with error feedback."""
-    return Sparsify("randomk", density)
-
-
-def Threshold(density=None):
-    """|x| above a threshold (SPARSYNC_THRESHOLD, or estimated from a sample for the density)."""
-    return Sparsify("threshold", density)
-
-
-def GaussianK(density=None):
-    """Gaussian-k (Shi et al. 2019): threshold from the mean and deviation of the gradient."""
-    return Sparsify("gaussiank", density)
-
-
-def Wangni(density=None):
-    """Unbiased optimal sparsification of Wangni et al. (NeurIPS 2018); no error feedback."""
-    return Sparsify("wangni", density)
-
-
-def DGC(density=None):
-    """Deep Gradient Compression (Lin et al., ICLR 2018). It keeps its own momentum: give the
-    wrapped optimizer momentum=0."""
-    return Sparsify("dgc", density)
-
-
-def Dense():
-    """No compression for this optimizer's gradients, whatever SPARSYNC_COMPRESSOR says."""
-    return Sparsify("none")
-
-
 class _Slot:
     """One parameter's registration with the daemon, and the tensor over its shared region that
     serves as the parameter's gradient when the layout allows (`grad`, else None)."""
@@ -149,14 +77,18 @@ class _Slot:
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
-                 op=shared.Average, sparsify=None):
+                 op=shared.Average, sparsify=None, gradient_predivide_factor=1.0,
+                 sparse_as_dense=False):
         super(self.__class__, self).__init__(params)
+        self._predivide = float(gradient_predivide_factor)
+        self._sparse_as_dense = bool(sparse_as_dense)
+        self._sparse = _SparseGradients(self)
         if sparsify is not None and not isinstance(sparsify, Sparsify):
             raise TypeError("sparsify must be e.g. sparsync.torch.TopK(density=0.001), got %r"
                             % (sparsify,))
         self._sparsify = sparsify
         if op not in (shared.Average, shared.Sum):
-            raise SparsyncError("DistributedOptimizer supports op=Average or op=Sum")
+            raise ValueError("DistributedOptimizer supports op=Average or op=Sum")
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be >= 1")
         self._compression = compression
@@ -191,6 +123,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         shared.client()  # fail early when init() was not called
+        self._join_index = shared.add_optimizer(self)
         self._track([p for p in all_params if p.requires_grad])
 
     def _track(self, params):
@@ -200,6 +133,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 continue
             self._requires_update.append(p)
             self._delay[id(p)] = self.backward_passes_per_step
+            if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+                # Runs once p.grad holds this backward's gradient, also under torch.compile.
+                self._grad_accs.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+                continue
             p_tmp = p.expand_as(p)
             grad_acc = p_tmp.grad_fn.next_functions[0][0]
             grad_acc.register_hook(self._make_hook(p))
@@ -265,10 +202,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return slot
 
     def _post(self, p):
+        if self._sparse.takes(p):
+            return  # an allgather of its indices and values (sparse_as_dense=False)
         with shared.state.lock:
             grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            if grad.is_sparse:  # sparse_as_dense: reduced dense, made sparse again afterwards
+                grad = grad.to_dense()
             compressed, ctx = self._compression.compress(grad.detach())
-            slot = self._slot(p, compressed.dtype)
+            with shared.collective_errors():  # a mismatch between ranks: HorovodInternalError
+                slot = self._slot(p, compressed.dtype)
             reg = slot.reg
             # Backward wrote the gradient where the daemon reads it: nothing to copy.
             in_place = slot.grad is not None and _same_memory(compressed, slot.grad)
@@ -284,8 +226,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if buf.numel():
                 if not in_place:
                     buf.view(-1).copy_(compressed.reshape(-1))  # CUDA: on the current stream
+                scale = 1.0 / self._predivide  # Horovod's split average: 1/f before, f after
                 if self._op == shared.Average and self.backward_passes_per_step > 1:
-                    buf.mul_(1.0 / self.backward_passes_per_step)
+                    scale /= self.backward_passes_per_step
+                if scale != 1.0:
+                    buf.mul_(scale)
             slot.version = slot.grad._version if slot.grad is not None else None
             shared.client().post(reg, _cuda_stream(reg))
             self._posted[id(p)] = (p, slot, ctx)
@@ -294,12 +239,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Waits for every gradient's reduction and puts the result into p.grad: for a gradient
         that lives in its shared buffer that is p.grad itself (no copy)."""
         for p in self._requires_update:
-            if id(p) not in self._posted:
+            if id(p) not in self._posted and not self._sparse.posted(p):
                 self._post(p)  # no gradient this step (or not enough passes): still take part
         client = shared.client()
+        join_round = None if shared.state.joined else shared.join_round_post(self)
         try:
             for p, slot, ctx in self._posted.values():
                 shared.wait(client, slot.reg, _cuda_stream(slot.reg))
+            self._sparse.finish()
+            if join_round is not None:
+                shared.join_round_wait(join_round)
             for p, slot, ctx in self._posted.values():
                 if slot.grad is not None:
                     if slot.grad._version != slot.version:
@@ -308,7 +257,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                             "flight (between backward and step()); call optimizer.synchronize() "
                             "before changing gradients (clipping, GradScaler.unscale_) and step() "
                             "inside optimizer.skip_synchronize()" % self._names[id(p)])
-                    if p.grad is None or not _same_memory(p.grad, slot.grad):
+                    if p.grad is None or p.grad.is_sparse or not _same_memory(p.grad,
+                                                                               slot.grad):
                         p.grad = slot.grad  # from now on backward accumulates into it
                     continue
                 if slot.reg.buffer is not None:  # the current stream waits for the daemon's copy
@@ -316,10 +266,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 else:
                     result = shared.buffer_view(slot.reg, slot.dtype).reshape(p.shape)
                 result = self._compression.decompress(result, ctx)
-                if p.grad is None:
+                if self._predivide != 1.0:
+                    result = result * self._predivide
+                if p.grad is None or p.grad.is_sparse:
                     p.grad = result.to(dtype=p.dtype, device=p.device, copy=True)
                 else:
                     p.grad.copy_(result)
+            for p, slot, ctx in self._posted.values():
+                if slot.grad is not None and self._predivide != 1.0:
+                    slot.grad.mul_(self._predivide)
+            self._sparse.restore_sparse_layout(self._posted.values())
         finally:
             self._posted.clear()
             for p in self._requires_update:
@@ -347,7 +303,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
-        if self._posted:
+        if self._posted or self._sparse.any_posted():
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")
@@ -361,6 +317,69 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if client is not None:
                 client.unregister(slot.reg)
         self._slots.clear()
+
+
+class _SparseGradients:
+    """Sparse gradients (nn.Embedding(sparse=True)) as Horovod reduces them: an allgather of every
+    rank's indices and values (exact; the values divided by size() for Average), giving a sparse
+    gradient that holds every rank's rows. With sparse_as_dense=True they go dense through the
+    daemon like any gradient (compressible) and are made sparse again afterwards.
+
+    A parameter counts as sparse from the first step its gradient is sparse on this rank; a rank
+    whose first steps give it no gradient for such a parameter posts zeros densely, which the
+    others' allgather does not match (the daemon names the mismatch)."""
+
+    def __init__(self, opt):
+        self._opt = opt
+        self._known = {}   # id(p) -> (sparse_dim, dense shape rest) once p's gradient was sparse
+        self._posted = {}  # id(p) -> (p, indices handle, values handle)
+
+    def takes(self, p):
+        """Posts p's sparse gradient and returns True, or returns False (a dense path)."""
+        grad = p.grad
+        if grad is not None and grad.is_sparse:
+            self._known[id(p)] = grad.sparse_dim()
+        if self._opt._sparse_as_dense or id(p) not in self._known:
+            return False
+        from sparsync import torch as hvd
+
+        sparse_dim = self._known[id(p)]
+        if grad is None or not grad.is_sparse:
+            grad = torch.sparse_coo_tensor(torch.zeros((sparse_dim, 0), dtype=torch.int64),
+                                           torch.zeros((0,) + tuple(p.shape[sparse_dim:]),
+                                                       dtype=p.dtype), p.shape)
+        grad = grad.detach().coalesce()
+        name = "sparse_gradient." + self._opt._names[id(p)]
+        # Indices are gathered transposed (one row per nonzero) so that ranks' rows concatenate.
+        hi = hvd.allgather_async(grad.indices().t().contiguous(), name + ".indices")
+        hv = hvd.allgather_async(grad.values().contiguous(), name + ".values")
+        self._posted[id(p)] = (p, hi, hv)
+        return True
+
+    def posted(self, p):
+        return id(p) in self._posted
+
+    def any_posted(self):
+        return bool(self._posted)
+
+    def finish(self):
+        """Waits for the posted allgathers and sets each p.grad to the gathered sparse tensor."""
+        from sparsync import torch as hvd
+
+        try:
+            for p, hi, hv in self._posted.values():
+                indices, values = hvd.synchronize(hi), hvd.synchronize(hv)
+                if self._opt._op == shared.Average:
+                    values = values / hvd.size()
+                p.grad = torch.sparse_coo_tensor(indices.t(), values, p.shape).coalesce()
+        finally:
+            self._posted.clear()
+
+    def restore_sparse_layout(self, posted):
+        """sparse_as_dense: gives parameters whose gradient was sparse a sparse gradient again."""
+        for p, slot, ctx in posted:
+            if id(p) in self._known and p.grad is not None and not p.grad.is_sparse:
+                p.grad = p.grad.to_sparse(self._known[id(p)])
 
 
 def _same_memory(a, b):
@@ -377,24 +396,50 @@ def _cuda_stream(reg):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=shared.Average, sparsify=None,
-                         **unsupported):
+                         backward_passes_per_step=1, op=shared.Average,
+                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=None, *, sparsify=None):
     """Wraps `optimizer` so that step() applies gradients averaged over all workers.
 
-    The daemon compresses the gradients as configured (SPARSYNC_COMPRESSOR); `sparsify`, e.g.
-    ``sparsync.torch.TopK(density=0.001)``, chooses the compressor for this optimizer instead.
+    Horovod's signature (an unknown keyword is a TypeError). The daemon compresses the gradients
+    as configured (SPARSYNC_COMPRESSOR); `sparsify`, e.g. ``sparsync.torch.TopK(density=0.001)``,
+    chooses the compressor for this optimizer instead.
 
-    Same contract as horovod.torch.DistributedOptimizer; Adasum, process sets and
-    gradient_predivide_factor other than 1 are not supported.
+    gradient_predivide_factor f (op=Average only, as in Horovod): gradients are scaled by 1/f
+    before the sum and by f/size after it. sparse_as_dense: sparse gradients are densified and
+    reduced like the others (then made sparse again); otherwise they go through an allgather
+    (_SparseGradients). num_groups and groups are accepted: the daemon's planner forms its own
+    merge groups (SPARSYNC_MERGE), which changes timing, never values. process_set: only the
+    global set. op=Adasum is refused (see sparsync.torch.Adasum's explanation in README).
     """
-    if unsupported.get("gradient_predivide_factor", 1.0) != 1.0 or unsupported.get(
-            "process_set") is not None or unsupported.get("groups") is not None:
-        raise SparsyncError("DistributedOptimizer: gradient_predivide_factor, groups and "
-                            "process_set are not supported by sparsync")
+    if op == shared.Adasum:
+        raise ValueError(
+            "DistributedOptimizer(op=Adasum) is not supported by sparsync: Horovod's Adasum "
+            "optimizer reduces model deltas with a data-dependent pairwise combination that the "
+            "daemon's sum-based, sparsifying exchange cannot carry. Use op=Average (the "
+            "default), optionally with sparsify=TopK(...); explicit allreduce(op=Adasum) works")
+    if op not in (shared.Average, shared.Sum):
+        raise ValueError("DistributedOptimizer supports op=Average or op=Sum, got %r" % (op,))
+    if gradient_predivide_factor != 1.0:
+        if op != shared.Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        if not gradient_predivide_factor > 0:
+            raise ValueError("gradient_predivide_factor must be > 0, got %r"
+                             % (gradient_predivide_factor,))
+    if num_groups != 0 or groups is not None:
+        if groups is not None and not (isinstance(groups, int) or hasattr(groups, "__iter__")):
+            raise ValueError("groups must be an int or a list of lists of parameters")
+        _log.info("DistributedOptimizer: num_groups/groups accepted; the daemon's planner forms "
+                  "the merge groups (SPARSYNC_MERGE)")
+    if process_set is not None:
+        from sparsync._torch_process_sets import check_global
+
+        check_global(process_set, "DistributedOptimizer")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression,
-                  backward_passes_per_step, op, sparsify)
+                  backward_passes_per_step, op, sparsify, gradient_predivide_factor,
+                  sparse_as_dense)
     # Groups added later (add_param_group) take their missing settings from the optimizer the
     # user made, not from the class's signature.
     wrapped.defaults = dict(optimizer.defaults)

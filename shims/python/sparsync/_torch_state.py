@@ -3,12 +3,13 @@ connection to its daemon and the state around it, and the helpers that move tens
 of shared regions. Both import this module; neither imports the other's private names.
 """
 
+import contextlib
 import threading
 
 import torch
 
 from sparsync import _wire as W
-from sparsync._errors import SparsyncError
+from sparsync._errors import HorovodInternalError, SparsyncError
 
 Average = W.REDUCE_AVERAGE
 Sum = W.REDUCE_SUM
@@ -38,6 +39,9 @@ class State:
         self.in_flight = set()  # (kind, name) of named ops posted and not yet synchronized
         self.handles = {}      # handle -> _Pending of sparsync.torch
         self.next_handle = 0
+        self.optimizers = []   # weak references to DistributedOptimizers, in creation order
+        self.join_regs = {}    # optimizer index -> registration of its join count
+        self.joined = False    # inside hvd.join(): this rank's optimizers post zeros
 
 
 state = State()
@@ -51,8 +55,69 @@ def client():
 
 
 def wait(conn, reg, stream=None):
-    """Waits for the posted round of `reg` on `conn`, as long as the daemon's timeout allows."""
-    conn.wait(reg, state.timeout_s, state.timeout_hint, stream)
+    """Waits for the posted round of `reg` on `conn`, as long as the daemon's timeout allows.
+
+    A failed collective raises HorovodInternalError (a SparsyncError), as Horovod's do."""
+    with collective_errors():
+        conn.wait(reg, state.timeout_s, state.timeout_hint, stream)
+
+
+@contextlib.contextmanager
+def collective_errors():
+    """Turns the daemon's refusal or failure of a collective (a SparsyncError with a status:
+    a mismatch between ranks, a dead peer, a timeout) into HorovodInternalError."""
+    try:
+        yield
+    except HorovodInternalError:
+        raise
+    except SparsyncError as e:
+        if e.status is None:
+            raise
+        raise HorovodInternalError(str(e), e.status) from e
+
+
+class Deferred:
+    """A handle of an operation made of other handles (grouped ops, reductions by allgather):
+    sparsync.torch.synchronize(handle) returns `finish(...)` of its parts' results."""
+
+    def __init__(self, parts, finish):
+        self.parts, self.finish = list(parts), finish
+        self.done = False
+
+
+def add_optimizer(opt):
+    """Records a DistributedOptimizer for hvd.join(); returns its index (the same on every rank
+    when every rank makes its optimizers in the same order, as named parameters require)."""
+    import weakref
+
+    with state.lock:
+        state.optimizers.append(weakref.ref(opt))
+        return len(state.optimizers) - 1
+
+
+def join_round_post(opt):
+    """Posts this rank's entry of the join round: the index + 1 of the DistributedOptimizer whose
+    synchronize() is running (`opt`), or 0 from a rank inside hvd.join() (`opt` None). Every
+    synchronize() carries one, so a joined rank learns which optimizer's step to take part in
+    (with zeros) and when every rank has joined (all entries 0)."""
+    with state.lock:
+        conn = client()
+        reg = state.join_regs.get("round")
+        if reg is None:
+            reg = conn.register("join.round", W.OP_ALLREDUCE, W.INT32, (state.world["size"],),
+                                W.REDUCE_SUM, 0)
+            state.join_regs["round"] = reg
+        entries = buffer_view(reg, torch.int32)
+        entries.zero_()
+        entries[state.world["rank"]] = 0 if opt is None else opt._join_index + 1
+        conn.post(reg)
+        return reg
+
+
+def join_round_wait(reg):
+    """Waits for a round posted by join_round_post; returns every rank's entry (a list)."""
+    wait(client(), reg)
+    return buffer_view(reg, torch.int32).tolist()
 
 
 def buffer_view(reg, dtype):

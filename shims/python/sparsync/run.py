@@ -340,3 +340,7 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+else:
+    from sparsync import _run_api
+
+    _run_api.make_callable(sys.modules[__name__])  # sparsync.run(func, np=...)

@@ -16,7 +16,7 @@ import torch
 
 from sparsync import _client as C
 from sparsync import _wire as W
-from sparsync._errors import SparsyncError
+from sparsync._errors import HorovodInternalError, SparsyncError
 from sparsync._paths import default_socket_path
 from sparsync._torch_optimizer import (  # noqa: F401  (part of sparsync.torch)
     DGC,
@@ -32,12 +32,15 @@ from sparsync._torch_optimizer import (  # noqa: F401  (part of sparsync.torch)
     Wangni,
 )
 from sparsync._torch_state import DAEMON_GRACE_S as _DAEMON_GRACE_S
+from sparsync._torch_state import Deferred as _Deferred
+from sparsync._torch_state import collective_errors as _collective_errors
 from sparsync._torch_state import Adasum, Average, Sum
 from sparsync._torch_state import buffer_view as _buffer_view
 from sparsync._torch_state import client as _client
 from sparsync._torch_state import state as _state
 from sparsync._torch_state import wait as _wait
 from sparsync._torch_state import wire_dtype as _wire_dtype
+from sparsync._world import world_accessors
 
 __all__ = [
     "SparsyncError", "Average", "Sum", "Adasum", "Compression", "init", "shutdown",
@@ -46,6 +49,15 @@ __all__ = [
     "allgather_async", "allgather_object", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "broadcast_object", "broadcast_parameters", "broadcast_optimizer_state",
     "synchronize", "poll", "DistributedOptimizer", "start_timeline", "stop_timeline",
+    "HorovodInternalError", "Min", "Max", "Product", "barrier", "join", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "grouped_allgather", "grouped_allgather_async", "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "ProcessSet", "add_process_set",
+    "remove_process_set", "global_process_set", "SyncBatchNorm", "elastic", "nccl_built",
+    "gloo_built", "gloo_enabled", "mpi_built", "mpi_enabled", "cuda_built", "rocm_built",
+    "ddl_built", "ccl_built", "is_homogeneous", "mpi_threads_supported",
+    "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
+    "HostsUpdatedInterrupt", "ddp",
 ]
 
 def _env_float(name, default):
@@ -131,35 +143,7 @@ def is_initialized():
     return _state.client is not None
 
 
-def _world(key):
-    w = _state.world
-    if w is None:
-        raise ValueError("sparsync has not been initialized; use hvd.init().")
-    return w[key]
-
-
-def rank():
-    return _world("rank")
-
-
-def size():
-    return _world("size")
-
-
-def local_rank():
-    return _world("local_rank")
-
-
-def local_size():
-    return _world("local_size")
-
-
-def cross_rank():
-    return _world("node_rank")
-
-
-def cross_size():
-    return _world("num_nodes")
+_world, rank, size, local_rank, local_size, cross_rank, cross_size = world_accessors(_state)
 
 
 def mpi_threads_supported():
@@ -232,14 +216,16 @@ def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0):
         temporary = name is None
         if temporary:
             name = _auto_name(kind)
-            reg = client.register(name, op, wire, shape, reduce_op, root)
+            with _collective_errors():
+                reg = client.register(name, op, wire, shape, reduce_op, root)
             key = None
         else:
             key = (kind, name)
             if key in _state.in_flight:
                 raise SparsyncError("a %s named '%s' is already in flight; synchronize it first"
                                     % (kind, name))
-            reg = _registration(kind, name, op, wire, shape, reduce_op, root)
+            with _collective_errors():
+                reg = _registration(kind, name, op, wire, shape, reduce_op, root)
         try:
             buf = _buffer_view(reg, sent_dtype)
             flat = src.reshape(-1)
@@ -263,6 +249,8 @@ def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0):
 
 def poll(handle):
     """True when the operation behind `handle` has finished (synchronize will not block)."""
+    if isinstance(handle, _Deferred):
+        return all(poll(h) for h in handle.parts)
     with _state.lock:
         p = _state.handles.get(handle)
         if p is None:
@@ -273,8 +261,26 @@ def poll(handle):
             return True  # synchronize raises it
 
 
+def _synchronize_deferred(handle):
+    """Synchronizes every part (also after one failed: none stays in flight), then finishes."""
+    if handle.done:
+        raise ValueError("sparsync handle %r was already synchronized" % (handle,))
+    handle.done = True
+    results, error = [], None
+    for h in handle.parts:
+        try:
+            results.append(synchronize(h))
+        except BaseException as e:  # noqa: B902 -- re-raised below, after the other parts
+            error = error or e
+    if error is not None:
+        raise error
+    return handle.finish(*results)
+
+
 def synchronize(handle):
     """Waits for the operation behind `handle` and returns its output tensor."""
+    if isinstance(handle, _Deferred):
+        return _synchronize_deferred(handle)
     with _state.lock:
         p = _state.handles.pop(handle, None)
         if p is None:
@@ -309,6 +315,9 @@ def _reduce_op(average, op):
 
 
 def _allreduce_async(tensor, output, average, name, op, prescale_factor, postscale_factor):
+    if op in (Min, Max, Product, Adasum):  # exact, by an allgather (_torch_collectives)
+        return reduce_by_allgather_async(tensor, output, op, name, prescale_factor,
+                                         postscale_factor)
     op = _reduce_op(average, op)
     integer = not (tensor.is_floating_point() or tensor.is_complex())
     wire_op = Sum if integer else op  # the daemon sums integers; the average is taken here
@@ -481,3 +490,51 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     if rank() != root_rank:
         optimizer.load_state_dict(state)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# The rest of Horovod's names (modules that build on the functions above)
+
+from sparsync import _torch_elastic as elastic  # noqa: E402
+from sparsync._torch_elastic import HostsUpdatedInterrupt  # noqa: E402,F401
+from sparsync._torch_basics import (  # noqa: E402,F401
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    mpi_built,
+    mpi_enabled,
+    nccl_built,
+    rocm_built,
+)
+from sparsync._torch_collectives import (  # noqa: E402,F401
+    Max,
+    Min,
+    Product,
+    alltoall,
+    alltoall_async,
+    barrier,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    join,
+    reduce_by_allgather_async,
+    reducescatter,
+    reducescatter_async,
+    sparse_allreduce_async,
+)
+from sparsync._torch_process_sets import (  # noqa: E402,F401
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from sparsync._torch_sync_bn import SyncBatchNorm  # noqa: E402,F401
+from sparsync import ddp  # noqa: E402,F401  (sparsync.torch.ddp: the DDP communication hook)

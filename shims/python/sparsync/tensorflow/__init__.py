@@ -48,6 +48,8 @@ from sparsync.tensorflow._basics import (  # noqa: F401
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from sparsync.tensorflow._collectives import (  # noqa: F401
     allgather,
@@ -68,7 +70,8 @@ __all__ = [
     "broadcast_object", "allgather_object", "DistributedGradientTape", "DistributedOptimizer",
     "Sparsify", "TopK", "GlobalTopK", "RandomK", "Threshold", "GaussianK", "Wangni", "DGC",
     "Dense", "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built", "ddl_built",
-    "ccl_built", "cuda_built", "rocm_built", "mpi_threads_supported",
+    "ccl_built", "cuda_built", "rocm_built", "mpi_threads_supported", "start_timeline",
+    "stop_timeline",
 ]
 
 _ops.register_gradients(rank)

@@ -2,17 +2,20 @@
 capability checks Horovod has."""
 
 import atexit
+import os
 import threading
 
 from sparsync import _client as C
 from sparsync import _wire as W
 from sparsync._errors import SparsyncError
+from sparsync._world import world_accessors
 from sparsync.tensorflow import _ops
 
 
 Average = W.REDUCE_AVERAGE
 Sum = W.REDUCE_SUM
 Adasum = 2  # accepted by name for compatibility; not supported
+_TIMELINE_ANSWER_S = 30.0  # the daemon answers at once; creating the file may take a moment
 
 
 class _State:
@@ -62,35 +65,23 @@ def is_initialized():
     return _state.world is not None
 
 
-def _world(key):
-    w = _state.world
-    if w is None:
-        raise ValueError("sparsync has not been initialized; use hvd.init().")
-    return w[key]
+_world, rank, size, local_rank, local_size, cross_rank, cross_size = world_accessors(_state)
 
 
-def rank():
-    return _world("rank")
+def start_timeline(file_path, mark_cycles=False):
+    """Starts the daemon's timeline, a Chrome trace of where each tensor and merge group spends
+    its time (docs/operations.md), into `file_path` on the daemon's machine (made absolute
+    here); "{node}" in it stands for the node's rank, and without it only node 0 records. As
+    sparsync.torch.start_timeline; `mark_cycles` has no effect."""
+    path = os.fsencode(os.path.abspath(os.fspath(file_path)))
+    _world("rank")  # ValueError before init()
+    _ops.library().timeline(path, _TIMELINE_ANSWER_S)
 
 
-def size():
-    return _world("size")
-
-
-def local_rank():
-    return _world("local_rank")
-
-
-def local_size():
-    return _world("local_size")
-
-
-def cross_rank():
-    return _world("node_rank")
-
-
-def cross_size():
-    return _world("num_nodes")
+def stop_timeline():
+    """Stops the daemon's timeline and closes its file. Without one, nothing."""
+    _world("rank")
+    _ops.library().timeline(b"", _TIMELINE_ANSWER_S)
 
 
 # Capabilities, as Horovod reports them. The daemons exchange with Gloo (NCCL only between GPUs

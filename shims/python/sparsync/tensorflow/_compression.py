@@ -3,27 +3,7 @@ Independent of the daemon's sparsification (``sparsify=``), which may come on to
 
 import tensorflow as tf
 
-
-class Compressor:
-    """Interface: compress before the reduction, decompress after."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from sparsync._compressors import Compressor, NoneCompressor  # noqa: F401
 
 
 class FP16Compressor(Compressor):

@@ -62,6 +62,9 @@ class _Library:
             ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_double, ctypes.c_double,
             ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_World), ctypes.c_char_p,
             ctypes.c_size_t]
+        self.c.sparsync_tf_timeline.restype = ctypes.c_int
+        self.c.sparsync_tf_timeline.argtypes = [ctypes.c_char_p, ctypes.c_double,
+                                                ctypes.c_char_p, ctypes.c_size_t]
         self.c.sparsync_tf_shutdown.restype = None
         self.c.sparsync_tf_shutdown.argtypes = []
 
@@ -76,6 +79,13 @@ class _Library:
         if s != W.OK:
             raise SparsyncError(err.value.decode(errors="replace"), s)
         return {f: getattr(world, f) for f, _ in _World._fields_}
+
+    def timeline(self, path, timeout_s):
+        """Starts the daemon's timeline into `path` (bytes), or stops it (b"")."""
+        err = ctypes.create_string_buffer(1024)
+        s = self.c.sparsync_tf_timeline(path, timeout_s, err, len(err))
+        if s != W.OK:
+            raise SparsyncError(err.value.decode(errors="replace"), s)
 
     def shutdown(self):
         self.c.sparsync_tf_shutdown()

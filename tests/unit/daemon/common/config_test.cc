@@ -97,8 +97,22 @@ TEST(ConfigTest, MergeAcceptsPlainBytesAndSuffixes) {
   EXPECT_EQ(Parse({"--merge", "fixed:2GiB"}).config.merge.bucket_bytes, 2ull << 30);
 }
 
+TEST(ConfigTest, CompressIsAutoOrAlways) {
+  Config auto_mode = Parse({}).config;
+  EXPECT_FALSE(auto_mode.merge.compress_always);
+  EXPECT_TRUE(auto_mode.ChoosesDense()) << "top-k by default: dense where faster";
+  Config always = Parse({}, {{"SPARSYNC_COMPRESS", "always"}}).config;
+  EXPECT_TRUE(always.merge.compress_always);
+  EXPECT_FALSE(always.ChoosesDense());
+  EXPECT_FALSE(Parse({"--compressor", "none"}).config.ChoosesDense());
+  EXPECT_FALSE(Parse({"--compressor", "dgc"}).config.ChoosesDense());
+  ParsedConfig bad = Parse({}, {{"SPARSYNC_COMPRESS", "sometimes"}});
+  EXPECT_TRUE(bad.exit);
+  EXPECT_NE(bad.message.find("auto, always"), std::string::npos) << bad.message;
+}
+
 TEST(ConfigTest, MergeNamesAPlannerOrAList) {
-  EXPECT_EQ(Parse({}).config.merge.planners, std::vector<std::string>{"omgs"});
+  EXPECT_EQ(Parse({}).config.merge.planners, std::vector<std::string>{"optimal"});
   EXPECT_EQ(Parse({"--merge", "fixed:4096"}).config.merge.planners,
             std::vector<std::string>{"fixed"});
   MergePolicy list = Parse({"--merge", "layerwise,fixed:1KiB,optimal"}).config.merge;
@@ -186,7 +200,8 @@ TEST(ConfigTest, HelpListsEveryVariableWithItsDefault) {
                           "SPARSYNC_NONFINITE"}) {
     EXPECT_NE(p.message.find(var), std::string::npos) << var;
   }
-  EXPECT_NE(p.message.find("default omgs"), std::string::npos);
+  EXPECT_NE(p.message.find("default optimal"), std::string::npos);
+  EXPECT_NE(p.message.find("env SPARSYNC_COMPRESS, default auto"), std::string::npos);
   for (const char* var : {"SPARSYNC_PLAN_WARMUP_STEPS", "SPARSYNC_REPLAN_DRIFT",
                           "SPARSYNC_REPLAN_STEPS", "SPARSYNC_CALIBRATE"}) {
     EXPECT_NE(p.message.find(var), std::string::npos) << var;

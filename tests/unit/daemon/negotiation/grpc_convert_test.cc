@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -109,6 +110,11 @@ ScheduleEntry RandomEntry(Random& r) {
     }
     p.predicted_s = r.Double();
     p.summary = r.Text(80);
+    if (r.Coin()) {
+      for (size_t g = 0; g < p.groups.size(); ++g) p.dense.push_back(r.Coin());
+      // All sparse is kept, and travels, as an empty list.
+      if (std::find(p.dense.begin(), p.dense.end(), true) == p.dense.end()) p.dense.clear();
+    }
     e.plan = std::make_shared<const PlanInfo>(std::move(p));
   }
   e.plan_version = r.U32();

@@ -154,9 +154,10 @@ TEST_F(MergeSchedulerTest, ReplansWhenBackwardDrifts) {
   EXPECT_EQ(plans[0].planner, "single") << "each re-plan takes the next planner of the list";
 }
 
-// Node 0's measured group costs keep the model current: a plan whose own prediction they move
-// by more than the drift threshold is re-made with them.
-TEST_F(MergeSchedulerTest, ReplansWhenMeasuredCostsMoveItsPrediction) {
+// Node 0's measured group costs keep the model current. When they move the plan's prediction
+// but the planner would make the same plan again, nothing is announced or logged: the plan
+// holds, and the drift test takes the new prediction as its reference.
+TEST_F(MergeSchedulerTest, MeasuredCostsThatLeaveThePlanAsItIsAnnounceNothing) {
   MergeScheduler m(Options({"layerwise"}, 2), 2);
   planning::CostModel calibrated;
   calibrated.exchange = {1e-3, 0};
@@ -164,7 +165,8 @@ TEST_F(MergeSchedulerTest, ReplansWhenMeasuredCostsMoveItsPrediction) {
   for (int step = 0; step < 3; ++step) Step(m, 10);
   auto first = PlansOf(m.Take());
   ASSERT_EQ(first.size(), 1u);
-  // As calibrated (and dense groups of this sparse job, which do not count): no new plan.
+  m.TakeLog();
+  // As calibrated (and dense groups of this sparse job, which feed the dense lines only).
   for (int step = 0; step < 3; ++step) {
     Step(m, 10);
     for (uint64_t x : {1000u, 10u, 1000u}) {
@@ -174,25 +176,111 @@ TEST_F(MergeSchedulerTest, ReplansWhenMeasuredCostsMoveItsPrediction) {
   }
   EXPECT_TRUE(PlansOf(m.Take()).empty());
   EXPECT_EQ(m.cost_model().exchange, calibrated.exchange);
-  // Every exchange measured at 20 ms: three of them after the last gradient no longer fit. The
-  // per-size medians move one after the other, so there may be more than one new plan.
-  auto step_at_20ms = [&] {
+  EXPECT_NEAR(m.cost_model().dense_exchange.fixed_s, 0.5, 1e-12);
+  // Every exchange measured at 20 ms: the prediction moves from 21 to 60 ms, but layerwise is
+  // layerwise: the plan holds.
+  for (int step = 0; step < 12; ++step) {
     for (uint64_t x : {1000u, 10u, 1000u}) m.RecordGroupCost(x, true, 0, 20e-3);
     Step(m, 10);
-  };
-  for (int step = 0; step < 12; ++step) step_at_20ms();
-  auto plans = PlansOf(m.Take());
-  ASSERT_GE(plans.size(), 1u);
-  EXPECT_NEAR(m.cost_model().exchange.fixed_s, 20e-3, 1e-9);
-  EXPECT_NEAR(plans.back().predicted_s, 0.060, 1e-9) << "exchanges at 0-20, 20-40, 40-60 ms";
-  // Once the model has settled, so does the plan.
-  for (int step = 0; step < 6; ++step) step_at_20ms();
-  EXPECT_TRUE(PlansOf(m.Take()).empty());
-  bool logged = false;
-  for (const auto& line : m.TakeLog()) {
-    logged = logged || line.find("measured costs moved") != std::string::npos;
   }
-  EXPECT_TRUE(logged);
+  EXPECT_TRUE(PlansOf(m.Take()).empty());
+  EXPECT_TRUE(m.TakeLog().empty()) << "only changes are logged";
+  EXPECT_GE(m.plans_held(), 1u);
+  EXPECT_NEAR(m.cost_model().exchange.fixed_s, 20e-3, 1e-9);
+  EXPECT_EQ(m.plan()->version, 1u);
+}
+
+// Plans that hold still. Three gradients A (1000 elements), B (10), C (1000) ready at 0, 10 and
+// 20 ms; exchanges cost f + p·x with p = 1 µs/element. With f = 21 ms one group is best (43.01
+// ms; A alone and B+C: 44.01 ms). With f = 18.9 ms and p = 0.9 µs (costs measured at 0.9 of the
+// calibration), A alone and B+C win by 1000·p = 0.9 ms, about 2 % of 40.7 ms. Whether that
+// re-plans depends on how well the model knows its costs.
+class PlanStabilityTest : public MergeSchedulerTest {
+ protected:
+  // The plan made once the costs measured at `ratios` (of the calibration, one group after
+  // backward, per step) have come in, or nothing when the plan in force held.
+  std::vector<PlanInfo> PlansAfterCostsAt(const std::vector<double>& ratios) {
+    MergeOptions o = Options({"optimal"}, 2);
+    o.replan_drift = 0.01;  // consider every moved prediction; the hold rule decides
+    MergeScheduler m(o, 2);
+    planning::CostModel calibrated;
+    calibrated.exchange = {21e-3, 1e-6};
+    m.SetCostModel(calibrated);
+    for (int step = 0; step < 3; ++step) Step(m, 10);
+    auto first = PlansOf(m.Take());
+    EXPECT_EQ(first.size(), 1u);
+    if (first.empty()) return {};
+    EXPECT_EQ(first[0].groups, (Groups{{1, 2, 3}}));
+    EXPECT_NEAR(first[0].predicted_s, 43.01e-3, 1e-9);
+    for (int step = 0; step < 4; ++step) {
+      for (double r : ratios) m.RecordGroupCost(2010, true, 0, r * calibrated.exchange.At(2010));
+      Step(m, 10);
+    }
+    return PlansOf(m.Take());
+  }
+};
+
+TEST_F(PlanStabilityTest, AGainInsideTheModelsSpreadDoesNotReplan) {
+  // Median 0.9 of the calibration, but the samples spread by about 17 % around it: a 2 % gain
+  // is noise.
+  EXPECT_TRUE(PlansAfterCostsAt({0.7, 0.9, 1.1, 0.75, 0.9, 1.05}).empty());
+}
+
+TEST_F(PlanStabilityTest, AGainBeyondTheModelsSpreadReplans) {
+  auto plans = PlansAfterCostsAt({0.9, 0.9, 0.9, 0.9, 0.9, 0.9});
+  ASSERT_EQ(plans.size(), 1u);
+  EXPECT_EQ(plans[0].version, 2u);
+  EXPECT_EQ(plans[0].groups, (Groups{{1}, {2, 3}}));
+  EXPECT_NEAR(plans[0].predicted_s, 20e-3 + 18.9e-3 + 1010 * 0.9e-6, 1e-6);
+}
+
+// The demo's case: backward times that wander by more than SPARSYNC_REPLAN_DRIFT between
+// steps, to the same plan each time. Nothing is announced or logged.
+TEST_F(PlanStabilityTest, ABackwardTimeThatWandersToTheSamePlanIsSilent) {
+  MergeScheduler m(Options({"optimal"}, 2), 2);
+  planning::CostModel calibrated;
+  calibrated.exchange = {21e-3, 1e-6};
+  m.SetCostModel(calibrated);
+  for (int step = 0; step < 3; ++step) Step(m, 10);
+  ASSERT_EQ(PlansOf(m.Take()).size(), 1u);
+  m.TakeLog();
+  // Ready at 0, 7.5 and 15 ms, then at 0, 10, 20 again: one group stays best (38.01 ms against
+  // 44.01 ms for A alone and B+C).
+  for (int round = 0; round < 5; ++round) {
+    for (int step = 0; step < 2; ++step) Step(m, 7.5);
+    for (int step = 0; step < 2; ++step) Step(m, 10);
+  }
+  EXPECT_TRUE(PlansOf(m.Take()).empty());
+  EXPECT_TRUE(m.TakeLog().empty());
+  EXPECT_GE(m.plans_held(), 2u) << "the drift was noticed, the plan held";
+}
+
+// SPARSYNC_COMPRESS=auto: with a dense allreduce 10x cheaper than the sparse exchange, the plan
+// sends its groups dense, says so, and the schedule carries the choice to every node.
+TEST_F(MergeSchedulerTest, PlanSendsGroupsDenseWhereThatIsFaster) {
+  MergeOptions o = Options({"single"}, 2);
+  o.choose_dense = true;
+  MergeScheduler m(o, 2);
+  planning::CostModel cost;
+  cost.exchange = {10e-3, 0};
+  cost.dense_exchange = {1e-3, 0};
+  m.SetCostModel(cost);
+  for (int step = 0; step < 3; ++step) Step(m, 10);
+  auto plans = PlansOf(m.Take());
+  ASSERT_EQ(plans.size(), 1u);
+  EXPECT_EQ(plans[0].dense, std::vector<bool>{true});
+  EXPECT_NEAR(plans[0].predicted_s, 21e-3, 1e-9);
+  bool logged = false;
+  for (const auto& line : m.TakeLog()) logged = logged || line.find("[0..2 dense]") != std::string::npos;
+  EXPECT_TRUE(logged) << "the plan's line shows the dense group";
+
+  o.choose_dense = false;  // SPARSYNC_COMPRESS=always
+  MergeScheduler always(o, 2);
+  always.SetCostModel(cost);
+  for (int step = 0; step < 3; ++step) Step(always, 10);
+  plans = PlansOf(always.Take());
+  ASSERT_EQ(plans.size(), 1u);
+  EXPECT_TRUE(plans[0].dense.empty());
 }
 
 TEST_F(MergeSchedulerTest, ReplansEveryNSteps) {

@@ -287,6 +287,28 @@ TEST_P(NodeAgentModeTest, NextHandsEntriesInOrderAndDropsDuplicates) {
   EXPECT_EQ(afters, (std::vector<uint64_t>{0, 2, 3, 4}));
 }
 
+// The plan's dense choices (SPARSYNC_COMPRESS=auto) reach the executor with its groups: the
+// agent marks each group of a plan as that plan says, the same on every node.
+TEST_P(NodeAgentModeTest, GroupsCarryTheirPlansDenseChoice) {
+  ScheduleEntry plan = Plan(1, 1, {{1, 2}, {3}});
+  PlanInfo info = *plan.plan;
+  info.dense = {false, true};
+  plan.plan = std::make_shared<const PlanInfo>(std::move(info));
+  link_.PushPollAnswer(std::vector<ScheduleEntry>{
+      plan, Group(2, {1, 2}, 1, 0), Group(3, {3}, 1, 1), Group(4, {1, 2}),
+      Plan(5, 2, {{1, 2, 3}}), Group(6, {1, 2, 3}, 2, 0)});
+  auto agent = Make(GetParam());
+  Know(*agent, 3);
+  auto got = Collect(*agent, 4, 5s);
+  ASSERT_EQ(Seqs(got), (std::vector<uint64_t>{2, 3, 4, 6}));
+  std::vector<bool> dense;
+  for (const auto& e : got) {
+    EXPECT_TRUE(e.fatal.ok()) << testing::Describe(e);
+    dense.push_back(e.dense);
+  }
+  EXPECT_EQ(dense, (std::vector<bool>{false, true, false, false}));
+}
+
 // Plan announcements are not handed out; a group that claims a plan must be that plan's group,
 // else it becomes a fatal entry naming the entry, the group and the plan.
 TEST_P(NodeAgentModeTest, PlansAreTakenOutAndGroupsCheckedAgainstThem) {

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -197,6 +198,7 @@ class Node {
 
   Executor& executor() { return *executor_; }
   Feed& feed() { return feed_; }
+  TensorState& state() { return sparse_->state(); }
 
   // Writes round `round` of every tensor of every local worker and posts READY. `poison`: the
   // tensor whose first element is made NaN (-1: none).
@@ -764,6 +766,60 @@ TEST(ExecutorTest, PlanAnnouncementsAreSkipped) {
     node.executor().Stop();
     node.executor().Stop();  // idempotent
   }
+}
+
+// SPARSYNC_COMPRESS=auto: a group the plan sends dense (ScheduleEntry::dense) carries its
+// tensors' residuals: what top-k held back goes out with the dense exchange, and the residual
+// is then zero, so nothing is lost and nothing is sent twice. Both host dense paths: a fused
+// group (host dense) and one tensor of one worker (in place).
+TEST(ExecutorTest, ADenseGroupFlushesItsResidualsIntoTheExchange) {
+  const std::vector<TensorSpec> specs = {{"a", 6000}, {"b", 2000}, {"c", 8000}};
+  auto hub = std::make_shared<transport::LoopbackHub>(1);
+  transport::LoopbackTransport loopback(hub, 0);
+  Node node(World{0, 1, 1}, specs, &loopback, SparseConfig(), ExecutorOptions{},
+            [](const Status& st) { ADD_FAILURE() << st.ToString(); });
+  node.executor().Start();
+  auto run_round = [&](uint64_t round, bool dense) {
+    node.Post(round);
+    auto entries = Schedule({{0, 1}, {2}}, 1 + 2 * (round - 1));
+    for (auto& e : entries) e.dense = dense;
+    node.feed().Push(entries);
+    for (const auto& d : node.ReadDones(std::chrono::seconds(10))) {
+      EXPECT_EQ(d.status, SPARSYNC_OK) << d.message;
+    }
+  };
+  // Round 1 sparse: each tensor keeps a residual (what was not among the top 1 %).
+  run_round(1, /*dense=*/false);
+  std::vector<float> residual;
+  for (const TensorSpec& t : specs) {
+    auto r = node.state().Get(TensorState::Kind::kResidual, t.name);
+    ASSERT_EQ(r.size(), static_cast<size_t>(t.numel)) << t.name;
+    residual.insert(residual.end(), r.begin(), r.end());
+  }
+  ASSERT_TRUE(std::any_of(residual.begin(), residual.end(), [](float x) { return x != 0; }));
+  // Round 2 dense: the result is the gradient plus the residual, and the residual is gone.
+  run_round(2, /*dense=*/true);
+  std::vector<float> expected;
+  size_t at = 0;
+  for (size_t t = 0; t < specs.size(); ++t) {
+    for (size_t i = 0; i < static_cast<size_t>(specs[t].numel); ++i) {
+      expected.push_back(Value(0, 0, t, i, 2) + residual[at++]);
+    }
+  }
+  EXPECT_EQ(node.Results(), expected);
+  for (const TensorSpec& t : specs) {
+    EXPECT_TRUE(node.state().Get(TensorState::Kind::kResidual, t.name).empty()) << t.name;
+  }
+  // Round 3 dense again: the gradient alone, nothing sent twice.
+  run_round(3, /*dense=*/true);
+  expected.clear();
+  for (size_t t = 0; t < specs.size(); ++t) {
+    for (size_t i = 0; i < static_cast<size_t>(specs[t].numel); ++i) {
+      expected.push_back(Value(0, 0, t, i, 3));
+    }
+  }
+  EXPECT_EQ(node.Results(), expected);
+  node.executor().Stop();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -141,16 +142,20 @@ TEST_P(SparseReducerTest, SentPlusResidualEqualsTheGradients) {
 
 // The executor's pipeline prepares the next group before the current one is exchanged: the
 // interleaving Prepare(x), Prepare(y), Exchange(x), Exchange(y) gives the same bits and the same
-// residuals as Reduce(x), Reduce(y).
+// residuals as Reduce(x), Reduce(y); so does the host sparse path's form, the local sum written
+// into PreparedGroup::work (PrepareWork) and, when the reducer allows it, decoded over it.
 TEST_P(SparseReducerTest, PreparingAheadMatchesOneGroupAtATime) {
   const int n = GetParam().nodes;
   const Config config = MakeConfig();
   const std::string kC = "head.weight";
   const std::vector<GroupSlice> other = {{&kC, 0, 2500}};
-  // [0]: one group at a time, [1]: prepared ahead. Per node, per step: x's result then y's.
-  std::vector<std::vector<std::vector<float>>> results(2, std::vector<std::vector<float>>(n));
-  std::vector<std::vector<std::unique_ptr<SparseReducer>>> reducers(2);
-  for (int mode = 0; mode < 2; ++mode) {
+  // [0]: one group at a time, [1]: prepared ahead, [2]: ahead, in the work buffers. Per node,
+  // per step: x's result then y's.
+  constexpr int kModes = 3;
+  std::vector<std::vector<std::vector<float>>> results(kModes,
+                                                       std::vector<std::vector<float>>(n));
+  std::vector<std::vector<std::unique_ptr<SparseReducer>>> reducers(kModes);
+  for (int mode = 0; mode < kModes; ++mode) {
     auto hub = std::make_shared<transport::LoopbackHub>(n);
     std::vector<std::unique_ptr<transport::LoopbackTransport>> transports;
     for (int r = 0; r < n; ++r) {
@@ -173,6 +178,17 @@ TEST_P(SparseReducerTest, PreparingAheadMatchesOneGroupAtATime) {
           if (mode == 0) {
             SPARSYNC_RETURN_IF_ERROR(reducer.Reduce(kSlices, x, step, 1, n, &tag));
             SPARSYNC_RETURN_IF_ERROR(reducer.Reduce(other, y, step, 2, n, &tag));
+          } else if (mode == 2) {
+            px.work = x;
+            py.work = y;
+            SPARSYNC_RETURN_IF_ERROR(reducer.PrepareWork(kSlices, step, 1, &px));
+            SPARSYNC_RETURN_IF_ERROR(reducer.PrepareWork(other, step, 2, &py));
+            std::span<float> sx(x), sy(y);
+            if (reducer.DecodesIntoWork()) sx = px.work, sy = py.work;
+            SPARSYNC_RETURN_IF_ERROR(reducer.Exchange(kSlices, px, sx, n, &tag));
+            SPARSYNC_RETURN_IF_ERROR(reducer.Exchange(other, py, sy, n, &tag));
+            std::copy(sx.begin(), sx.end(), x.begin());
+            std::copy(sy.begin(), sy.end(), y.begin());
           } else {
             SPARSYNC_RETURN_IF_ERROR(reducer.Prepare(kSlices, x, step, 1, &px));
             SPARSYNC_RETURN_IF_ERROR(reducer.Prepare(other, y, step, 2, &py));
@@ -195,17 +211,20 @@ TEST_P(SparseReducerTest, PreparingAheadMatchesOneGroupAtATime) {
     for (auto& t : threads) t.join();
     for (int r = 0; r < n; ++r) ASSERT_TRUE(errors[r].ok()) << errors[r].ToString();
   }
-  for (int r = 0; r < n; ++r) {
-    ASSERT_EQ(results[0][r].size(), results[1][r].size());
-    EXPECT_EQ(0, std::memcmp(results[0][r].data(), results[1][r].data(),
-                             results[0][r].size() * sizeof(float)))
-        << "node " << r;
-    for (const std::string* name : {&kA, &kB, &kC}) {
-      auto serial = reducers[0][r]->state().Get(TensorState::Kind::kResidual, *name);
-      auto ahead = reducers[1][r]->state().Get(TensorState::Kind::kResidual, *name);
-      ASSERT_EQ(serial.size(), ahead.size()) << *name;
-      for (size_t i = 0; i < serial.size(); ++i) {
-        ASSERT_EQ(serial[i], ahead[i]) << *name << "[" << i << "] on node " << r;
+  for (int mode = 1; mode < kModes; ++mode) {
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(results[0][r].size(), results[mode][r].size());
+      EXPECT_EQ(0, std::memcmp(results[0][r].data(), results[mode][r].data(),
+                               results[0][r].size() * sizeof(float)))
+          << "node " << r << " mode " << mode;
+      for (const std::string* name : {&kA, &kB, &kC}) {
+        auto serial = reducers[0][r]->state().Get(TensorState::Kind::kResidual, *name);
+        auto ahead = reducers[mode][r]->state().Get(TensorState::Kind::kResidual, *name);
+        ASSERT_EQ(serial.size(), ahead.size()) << *name;
+        for (size_t i = 0; i < serial.size(); ++i) {
+          ASSERT_EQ(serial[i], ahead[i]) << *name << "[" << i << "] on node " << r << " mode "
+                                         << mode;
+        }
       }
     }
   }

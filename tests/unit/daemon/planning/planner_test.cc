@@ -249,5 +249,79 @@ TEST(PlannerPropertyTest, EveryPlanIsAPartition) {
   }
 }
 
+// ---- Compress only where it pays (SPARSYNC_COMPRESS=auto) ----
+
+// One layer of 1000 elements ready at 0. Sparse: t_s 1 + t_c 1 = 2. Dense: 0 + dense t_c.
+PlanInput OneLayer(double dense_exchange_s, bool choose) {
+  PlanInput in = Input({0}, {1000}, {1.0, 0.0}, {1.0, 0.0});
+  in.cost.dense_exchange = {dense_exchange_s, 0.0};
+  in.choose_dense = choose;
+  return in;
+}
+
+TEST(CompressWherePaysTest, DenseWhenPredictedFasterAndOnlyThen) {
+  Plan faster = PlanSingle(OneLayer(0.5, true));
+  EXPECT_EQ(faster.dense, std::vector<bool>{true});
+  EXPECT_DOUBLE_EQ(faster.predicted_s, 0.5);
+  EXPECT_EQ(faster.Describe(1), "1 group: [0 dense]");
+
+  Plan slower = PlanSingle(OneLayer(3.0, true));
+  EXPECT_TRUE(slower.dense.empty()) << "dense predicted slower: stays sparse";
+  EXPECT_DOUBLE_EQ(slower.predicted_s, 2.0);
+  EXPECT_TRUE(PlanSingle(OneLayer(2.0, true)).dense.empty()) << "a tie stays sparse";
+  EXPECT_TRUE(PlanSingle(OneLayer(0.5, false)).dense.empty()) << "SPARSYNC_COMPRESS=always";
+  PlanInput unknown = OneLayer(0.5, true);
+  unknown.cost.dense_exchange = {};
+  EXPECT_TRUE(PlanSingle(unknown).dense.empty()) << "no dense cost known: never dense";
+}
+
+// A small tensor and a large one ready 0.5 ms later, each alone; sparse t_c = 1 ms, dense
+// t_c = 0.1 ms + 1 ns/element. All sparse: [0, 1], [1, 2] ms. The small one dense: [0, 0.1],
+// then the large one sparse [0.5, 1.5] (dense it would take 10.1 ms).
+TEST(CompressWherePaysTest, ChoosesPerGroup) {
+  PlanInput in = Input({0, 0.5e-3}, {100, 10'000'000}, {1e-3, 0.0});
+  in.cost.dense_exchange = {1e-4, 1e-9};
+  in.choose_dense = true;
+  Plan p = PlanLayerwise(in);
+  EXPECT_EQ(p.dense, (std::vector<bool>{true, false}));
+  EXPECT_DOUBLE_EQ(p.predicted_s, 1.5e-3);
+  EXPECT_DOUBLE_EQ(Simulate(in, p.starts).iteration_s, 2e-3);
+}
+
+// For up to 9 layers, every partition with every dense/sparse choice of its groups: the optimal
+// planner finds the minimum, and ChooseDense the best choice for each partition.
+TEST(CompressWherePaysTest, OptimalMatchesExhaustiveSearchOverGroupsAndModes) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  int dense_chosen = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    PlanInput in = RandomInput(rng, 9, trial % 2 == 1);
+    in.cost.dense_prepare = {unit(rng) * 1e-4, unit(rng) * 1e-9};
+    in.cost.dense_exchange = {unit(rng) * 2e-3, unit(rng) * 4e-8};
+    in.choose_dense = true;
+    const size_t n = in.layers.size();
+    double best = std::numeric_limits<double>::infinity();
+    for (uint32_t mask = 0; mask < (1u << (n - 1)); ++mask) {
+      Starts starts{0};
+      for (size_t i = 1; i < n; ++i) {
+        if (mask & (1u << (i - 1))) starts.push_back(i);
+      }
+      double best_modes = std::numeric_limits<double>::infinity();
+      for (uint32_t modes = 0; modes < (1u << starts.size()); ++modes) {
+        std::vector<bool> dense(starts.size());
+        for (size_t g = 0; g < starts.size(); ++g) dense[g] = modes & (1u << g);
+        best_modes = std::min(best_modes, Simulate(in, starts, dense).iteration_s);
+      }
+      EXPECT_DOUBLE_EQ(Simulate(in, starts, ChooseDense(in, starts)).iteration_s, best_modes)
+          << "trial " << trial << " mask " << mask;
+      best = std::min(best, best_modes);
+    }
+    Plan optimal = PlanOptimal(in);
+    EXPECT_DOUBLE_EQ(optimal.predicted_s, best) << "trial " << trial;
+    dense_chosen += !optimal.dense.empty();
+  }
+  EXPECT_GT(dense_chosen, 10) << "the random costs should make dense pay now and then";
+}
+
 }  // namespace
 }  // namespace sparsync::planning

@@ -270,6 +270,25 @@ TEST_F(ClientTest, AnErrorDoneReachesTheCallerWithItsMessage) {
   EXPECT_EQ(LastError(), "sparsyncd reported ABORTED");
 }
 
+// A DONE saying the daemon's deadline passed (a tensor missing on another node) is the job's
+// failure, not this wait's timeout: callers that wait in slices (the Python and TensorFlow shims)
+// retry on TIMEOUT, and would wait out their own limit and lose the daemon's message.
+TEST_F(ClientTest, TheDaemonsTimeoutIsAnAbortNotThisWaitsTimeout) {
+  const std::string why =
+      "tensor 'fc2.weight' was posted on node(s) 0 but not on node(s) 1 within 10 s "
+      "(SPARSYNC_TIMEOUT_S)";
+  daemon_.SetOnReady([&](const ScriptedDaemon::Ready& r) {
+    ScriptedDaemon::SendDone(r, SPARSYNC_ERR_TIMEOUT, why);
+  });
+  Connect();
+  float* x = nullptr;
+  uint32_t id = RegisterFloats("fc2.weight", 4, &x, SPARSYNC_OP_GRADIENT);
+  ASSERT_EQ(sparsync_post_ready(client_, id), SPARSYNC_OK);
+  EXPECT_EQ(sparsync_wait_done(client_, id, 10.0), SPARSYNC_ERR_ABORTED);
+  EXPECT_EQ(LastError(), why);
+  EXPECT_EQ(sparsync_wait_done(client_, id, 0.0), SPARSYNC_ERR_ABORTED) << "and it stays so";
+}
+
 TEST_F(ClientTest, AConnectionClosedMidWaitIsUnavailableAndNamesThePath) {
   Connect();
   float* x = nullptr;

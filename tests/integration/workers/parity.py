@@ -1,0 +1,156 @@
+"""Worker: Horovod names of sparsync.torch against Horovod's documented behaviour.
+
+Every rank computes what each result must be from the inputs of all ranks (deterministic in the
+rank) and asserts it; a failure exits non-zero with the name of the check. Prints "PARITY OK".
+"""
+
+import sys
+
+import torch
+
+import sparsync.torch as hvd
+
+torch.set_num_threads(1)
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+
+
+def check(name, ok, detail=""):
+    if not ok:
+        print("FAILED %s %s" % (name, detail), flush=True)
+        sys.exit(1)
+
+
+def inputs(shape, seed_base=0, dtype=torch.float32):
+    """Every rank's input for a case, in rank order."""
+    out = []
+    for k in range(n):
+        g = torch.Generator().manual_seed(1000 * seed_base + k)
+        out.append((torch.rand(shape, generator=g) * 4 - 2).to(dtype))
+    return out
+
+
+# --- capability checks: true to this build -----------------------------------------------------
+check("gloo", hvd.gloo_built() is True and hvd.gloo_enabled() is True)
+check("mpi", hvd.mpi_built() is False and hvd.mpi_enabled() is False)
+check("no rocm/ddl/ccl", not (hvd.rocm_built() or hvd.ddl_built() or hvd.ccl_built()))
+check("homogeneous", hvd.is_homogeneous() is True)
+check("nccl_built is bool or version", isinstance(hvd.nccl_built(), (bool, int)))
+
+# --- Min / Max / Product (exact) and Adasum ------------------------------------------------------
+for dtype in (torch.float32, torch.int32, torch.float64):
+    xs = inputs((3, 5), 1, torch.float64)
+    xs = [(x * 10).to(dtype) for x in xs]
+    stacked = torch.stack(xs)
+    got = hvd.allreduce(xs[r], op=hvd.Min, name="min.%s" % dtype)
+    check("min %s" % dtype, torch.equal(got, stacked.amin(0)))
+    got = hvd.allreduce(xs[r], op=hvd.Max)
+    check("max %s" % dtype, torch.equal(got, stacked.amax(0)))
+    got = hvd.allreduce(xs[r], op=hvd.Product, name="prod.%s" % dtype)
+    check("product %s" % dtype, torch.equal(got, stacked.prod(0, dtype=dtype)) and
+          got.dtype == dtype)
+x = torch.full((4,), float(r + 1))
+y = x.clone()
+hvd.allreduce_(y, op=hvd.Max)
+check("max in place", torch.equal(y, torch.full((4,), float(n))))
+if n & (n - 1) == 0:
+    # Adasum of orthogonal vectors is their sum; of identical vectors it is the vector itself.
+    e = torch.zeros(n)
+    e[r] = 1.0
+    check("adasum orthogonal", torch.equal(hvd.allreduce(e, op=hvd.Adasum), torch.ones(n)))
+    same = torch.arange(6, dtype=torch.float32)
+    check("adasum identical", torch.allclose(hvd.allreduce(same, op=hvd.Adasum), same))
+
+# --- barrier, grouped ops ------------------------------------------------------------------------
+hvd.barrier()
+group = [inputs((7,), 2)[r], inputs((2, 3), 3)[r], torch.arange(4) * (r + 1)]
+outs = hvd.grouped_allreduce(group, name="grouped")
+check("grouped avg", torch.allclose(outs[0], torch.stack(inputs((7,), 2)).mean(0), atol=1e-6))
+check("grouped avg 2", torch.allclose(outs[1], torch.stack(inputs((2, 3), 3)).mean(0),
+                                      atol=1e-6))
+check("grouped int", torch.equal(outs[2], torch.arange(4) * sum(range(1, n + 1)) // n))
+h = hvd.grouped_allreduce_async([torch.ones(3) * r, torch.ones(2)], op=hvd.Sum)
+while not hvd.poll(h):
+    pass
+s3, s2 = hvd.synchronize(h)
+check("grouped async", torch.equal(s3, torch.full((3,), float(sum(range(n))))) and
+      torch.equal(s2, torch.full((2,), float(n))))
+inplace = [torch.ones(2) * r, torch.ones(1) * r]
+hvd.grouped_allreduce_(inplace, op=hvd.Sum)
+check("grouped in place", float(inplace[0][0]) == sum(range(n)) == float(inplace[1][0]))
+g = hvd.grouped_allgather([torch.full((r + 1, 2), float(r)), torch.tensor([r])])
+check("grouped allgather", g[0].shape == (n * (n + 1) // 2, 2) and
+      torch.equal(g[1], torch.arange(n)))
+
+# --- alltoall with and without splits ------------------------------------------------------------
+# Rank r sends (d + 1) rows to rank d, each row [r, d, i].
+rows = [torch.tensor([[r, d, i] for i in range(d + 1)]) for d in range(n)]
+out, received = hvd.alltoall(torch.cat(rows), splits=torch.tensor([d + 1 for d in range(n)]))
+want = torch.cat([torch.tensor([[s, r, i] for i in range(r + 1)]) for s in range(n)])
+check("alltoall splits", torch.equal(out, want), str(out))
+check("alltoall received", received.tolist() == [r + 1] * n)
+even = hvd.alltoall(torch.arange(2 * n) + 100 * r)
+check("alltoall even", even.tolist() == [100 * s + 2 * r + j for s in range(n) for j in (0, 1)])
+
+# --- reducescatter: lower ranks get the extra row ------------------------------------------------
+full = [torch.arange(2 * n + 1, dtype=torch.float32).reshape(-1, 1) * (k + 1) for k in range(n)]
+mine = hvd.reducescatter(full[r], op=hvd.Sum)
+counts = [2 + (1 if k < 1 else 0) for k in range(n)]
+start = sum(counts[:r])
+check("reducescatter", torch.equal(mine, torch.stack(full).sum(0)[start:start + counts[r]]))
+avg = hvd.reducescatter(torch.ones(n, 3) * r)
+check("reducescatter avg", torch.allclose(avg, torch.full((1, 3), (n - 1) / 2)))
+
+gr = hvd.grouped_reducescatter([torch.ones(n, 2) * r, torch.ones(2 * n) * (r + 1)], op=hvd.Sum)
+check("grouped reducescatter", torch.equal(gr[0], torch.full((1, 2), float(sum(range(n))))) and
+      torch.equal(gr[1], torch.full((2,), float(sum(range(1, n + 1))))))
+sp = torch.sparse_coo_tensor(torch.tensor([[r, 0]]), torch.tensor([[1.0], [2.0]]), (n, 1))
+dense = hvd.synchronize(hvd.sparse_allreduce_async(sp, name="sparse", op=hvd.Sum)).to_dense()
+want = torch.ones(n, 1)
+want[0] += 2.0 * n
+check("sparse_allreduce", torch.equal(dense, want), str(dense))
+
+# --- process sets ---------------------------------------------------------------------------------
+check("global set", hvd.global_process_set.size() == n and hvd.global_process_set.rank() == r)
+check("add global", hvd.add_process_set(list(range(n))) is hvd.global_process_set)
+if n > 1:
+    try:
+        hvd.add_process_set([0])
+        check("subset refused", False)
+    except NotImplementedError as e:
+        check("subset message", "global process set" in str(e), str(e))
+check("barrier on the global set", hvd.barrier(process_set=hvd.global_process_set) is None)
+
+# --- HorovodInternalError on a failed collective (shapes differ between ranks) -------------------
+if n > 1:
+    try:
+        hvd.allreduce(torch.ones(r + 1), name="mismatch")
+        check("mismatch raises", False)
+    except hvd.HorovodInternalError as e:
+        check("internal error is SparsyncError", isinstance(e, hvd.SparsyncError))
+
+# --- DistributedOptimizer: Horovod's signature ---------------------------------------------------
+model = torch.nn.Linear(3, 2)
+try:
+    hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), bogus_kwarg=1)
+    check("unknown keyword", False)
+except TypeError:
+    pass
+try:
+    hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
+    check("adasum optimizer refused", False)
+except ValueError as e:
+    check("adasum message", "op=Average" in str(e))
+try:
+    hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum,
+                             gradient_predivide_factor=2.0)
+    check("predivide with Sum refused", False)
+except ValueError:
+    pass
+try:
+    hvd.elastic.run(lambda state: None)
+    check("elastic refused", False)
+except NotImplementedError as e:
+    check("elastic message", "elastic" in str(e))
+print("PARITY OK", flush=True)
+hvd.shutdown()
