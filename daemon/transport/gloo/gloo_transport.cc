@@ -125,7 +125,11 @@ void GlooTransport::Abort(const Status& reason) {
   }
   aborted_cv_.notify_all();
   // Closing every pair fails what the peers exchange with this node at once; they abort in turn
-  // (the job failed), and their closing ends a collective of this node blocked on them.
+  // (the job failed), and their closing ends a collective of this node blocked on them. What
+  // Gloo 0.0~git20220518 cannot do: wake this node's own collective when this node closes first
+  // (close() wakes no waiter, and the call that would, tcp::Pair::signalExceptionExternal, is in
+  // a header Debian's libgloo-dev cannot compile: it lacks gloo/common/memory.h). That waiter
+  // then ends when a peer's end closes, or at the Gloo timeout.
   for (int r = 0; r < size_; ++r) {
     if (r != rank_) context_->getPair(r)->close();
   }

@@ -116,9 +116,15 @@ class IntakeServerTest : public ::testing::Test {
       usleep(10000);
     }
   }
+  // Whether the server closes the connection, after at most a reply that says why (issue 16,
+  // D12: a refused peer is told before the close).
   bool ClosedByServer(int fd) {
-    char buf[16];
-    return Recv(fd, buf, sizeof(buf)) == 0;
+    char buf[4096];
+    for (int replies = 0; replies < 4; ++replies) {
+      ssize_t n = Recv(fd, buf, sizeof(buf));
+      if (n <= 0) return n == 0;
+    }
+    return false;
   }
   void Hello(int fd, uint32_t local_rank) {
     sparsync_hello h{};

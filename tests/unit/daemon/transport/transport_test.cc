@@ -248,8 +248,10 @@ TEST(GlooFailureTest, AbortEndsABlockedCollectiveWithTheJobsReason) {
     got = cluster[0]->AllReduceSum(&x, 1, ElementType::kFloat32, 1);  // node 1 never joins
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  cluster[0]->Abort(Aborted("tensor 'w' differs across nodes"));
+  // The peer aborts first: its closing wakes node 0's collective. (Had node 0 closed its own end
+  // first, Gloo would wake nothing on node 0 until its timeout: see GlooTransport::Abort.)
   cluster[1]->Abort(Aborted("tensor 'w' differs across nodes"));
+  cluster[0]->Abort(Aborted("tensor 'w' differs across nodes"));
   waiting.join();
   EXPECT_LT(SecondsSince(start), 5.0);
   ASSERT_FALSE(got.ok());
