@@ -2,9 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
 #include <vector>
 
 #include "daemon/common/job_token.h"
+#include "daemon/common/private_files.h"
 #include "daemon/device/device_dense_path.h"
 #include "daemon/device/device_intake.h"
 #include "daemon/device/device_topk_path.h"
@@ -127,6 +129,11 @@ Status Daemon::Start() {
 
 Status Daemon::StartParts() {
   spdlog::info("starting: {}", config_.Describe());
+  // Checked again when the socket is bound; here so that a refused directory fails the daemon
+  // before it joins the other nodes and calibrates, not seconds later.
+  const std::string socket_dir = std::filesystem::path(config_.socket_path).parent_path().string();
+  SPARSYNC_RETURN_IF_ERROR(EnsurePrivateDirectory(socket_dir.empty() ? "." : socket_dir,
+                                                  "the directory of SPARSYNC_SOCKET"));
   SPARSYNC_RETURN_IF_ERROR(StartObservers());
   if (config_.job_token_generated) {
     spdlog::info("no job token given: generated one; the workers of this node read it from {}{}",
@@ -304,7 +311,7 @@ void Daemon::Stop() {
   } else if (link_ && joined_) {
     (void)link_->Leave(config_.node_rank);  // started half-way: the others need not wait
   }
-  if (intake_) intake_->Stop();
+  if (intake_) intake_->Stop(failure_.failed() ? failure_.status() : stopping);
   // Nothing may now wait out a deadline: the link's calls end, a collective blocked on a peer
   // ends (issue 16, D9).
   if (remote_link_) remote_link_->Cancel();

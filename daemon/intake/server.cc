@@ -16,6 +16,7 @@
 
 #include "daemon/common/job_token.h"
 #include "daemon/common/private_files.h"
+#include "daemon/intake/done.h"
 
 namespace sparsync::intake {
 namespace {
@@ -129,7 +130,7 @@ Status IntakeServer::Start() {
   return Status::Ok();
 }
 
-void IntakeServer::Stop() {
+void IntakeServer::Stop(const Status& why) {
   if (stopping_.exchange(true)) return;
   if (wake_fd_ >= 0) {
     uint64_t one = 1;
@@ -137,8 +138,12 @@ void IntakeServer::Stop() {
   }
   if (thread_.joinable()) thread_.join();
   std::vector<int> fds;
-  for (auto& [fd, s] : sessions_) fds.push_back(fd);
-  for (int fd : fds) Close(fd, Aborted("the daemon is shutting down"));
+  for (auto& [fd, s] : sessions_) {
+    // A worker between two posts would otherwise learn only that the connection broke.
+    if (s->greeted) (void)SendDone(*s, /*tensor_id=*/0, /*round=*/0, why);
+    fds.push_back(fd);
+  }
+  for (int fd : fds) Close(fd, why);
   if (listen_fd_ >= 0) {
     close(listen_fd_);
     unlink(socket_path_.c_str());

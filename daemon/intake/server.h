@@ -60,8 +60,10 @@ class IntakeServer {
 
   // Creates the socket (refusing if another daemon serves it) and starts the thread.
   Status Start();
-  // Stops the thread, closes every connection and removes the socket file. Idempotent.
-  void Stop();
+  // Stops the thread, tells every greeted worker `why` (an error DONE of no round, which the
+  // client keeps as the job's error), closes every connection and removes the socket file.
+  // Idempotent.
+  void Stop(const Status& why = Aborted("the daemon is shutting down"));
   // One pass of the loop: waits up to `timeout` for events and handles them.
   void RunOnce(std::chrono::milliseconds timeout);
 

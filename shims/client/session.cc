@@ -118,6 +118,9 @@ Status Session::Send(const void* msg, size_t bytes) {
   if (broken_) return Broken();
   IoError e = SendDatagram(fd_, msg, bytes);
   if (!e.ok) {
+    // The daemon closed the connection: what it sent before (its reason, as a job error) is
+    // still queued here unless a waiting thread is receiving it now.
+    if (e.closed && !reading_) DrainQueued();
     MarkBroken(e.message, e.closed);
     return Broken();
   }
@@ -161,6 +164,17 @@ Status Session::WaitUntil(Lock& lock, const std::function<bool()>& satisfied,
     Dispatch(buf, n, &fds);
   }
   return Status::Ok();
+}
+
+void Session::DrainQueued() {
+  for (int i = 0; i < 64 && !broken_; ++i) {
+    alignas(8) char buf[SPARSYNC_MAX_MESSAGE_BYTES];
+    size_t n = 0;
+    ReceivedFds fds;
+    IoError e = ReceiveDatagram(fd_, buf, sizeof(buf), Clock::now(), &n, &fds);
+    if (!e.ok) return;  // nothing more queued (or the end of the connection)
+    Dispatch(buf, n, &fds);
+  }
 }
 
 void Session::Dispatch(const char* buf, size_t n, ReceivedFds* fds) {

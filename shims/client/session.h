@@ -97,6 +97,8 @@ class Session {
   Status WaitUntil(Lock& lock, const std::function<bool()>& satisfied, Clock::time_point deadline,
                    double timeout_s, const std::string& what);
   void Dispatch(const char* buf, size_t n, ReceivedFds* fds);
+  // Applies the messages already queued on the socket, without waiting (after a failed send).
+  void DrainQueued();
   // The registered tensor `id` for call `what`; INVALID when it is not registered.
   Status Find(uint32_t id, const char* what, Tensor** out);
   // INVALID unless the tensor's memory kind matches the call: CUDA tensors use the _cuda calls.

@@ -173,7 +173,7 @@ def test_a_killed_daemon_is_named_to_every_worker(job_factory):
         assert err and "node 2" in err, "rank %d: %s\n%s" % (r, err, job.logs())
         assert "timed out" not in err, err
     job.daemons[2].wait()
-    job.assert_clean_after_stop(job.stop())
+    job.assert_clean_after_stop(job.stop(), killed=[2])
 
 
 # Issue 16, D9: once node 0's daemon is gone, the other daemons still honour SIGTERM at once
@@ -194,4 +194,4 @@ def test_daemons_stop_quickly_after_the_coordinator_died(job_factory):
         time.monotonic() - start, job.logs())
     wait_all(procs, 30)
     job.daemons[0].wait()
-    job.assert_clean_after_stop(job.stop())
+    job.assert_clean_after_stop(job.stop(), killed=[0])
