@@ -56,10 +56,11 @@ void SumInto(void* c, const void* a, const void* b, size_t n) {
 // How long a broken connection waits for the job's reason before it is reported as its own.
 constexpr auto kVerdictGrace = std::chrono::seconds(1);
 
-// Where each pair of this node listens, as its peer names it in errors ("[10.0.0.3]:41234"):
-// published through the rendezvous store after the mesh is connected, so that an error naming
-// a peer's address can name its node.
-std::string PairAddressKey(int rank) { return "sparsync/gloo-pair-addresses/" + std::to_string(rank); }
+// Each node's listening host, published through the rendezvous store after the mesh is
+// connected, so that an error naming a peer's endpoint ("[10.0.0.3]:41234") can name its node.
+// The host, not the port: Gloo names the far end of the connection, which is the peer's
+// ephemeral port when the peer connected.
+std::string ListenHostKey(int rank) { return "sparsync/gloo-listen-host/" + std::to_string(rank); }
 
 // Gloo's messages start with the source location "[.../pair.cc:589] ": not for users.
 std::string WithoutLocation(std::string text) {
@@ -84,22 +85,11 @@ Result<std::unique_ptr<GlooTransport>> GlooTransport::Create(int rank, int size,
     context->setTimeout(timeout);
     StoreAdapter adapter(store, timeout);
     context->connectFullMesh(adapter, device);
-    // Each pair's own address, one line per rank (empty for this one), for the other nodes.
-    std::string mine;
-    for (int r = 0; r < size; ++r) {
-      mine += (r == rank ? std::string() : context->getPair(r)->address().str()) + "\n";
-    }
-    SPARSYNC_RETURN_IF_ERROR(store->Set(PairAddressKey(rank), mine));
+    SPARSYNC_RETURN_IF_ERROR(store->Set(ListenHostKey(rank), listen));
     std::vector<std::string> keys;
-    for (int r = 0; r < size; ++r) keys.push_back(PairAddressKey(r));
-    SPARSYNC_ASSIGN_OR_RETURN(std::vector<std::string> all, store->Get(keys, timeout));
-    std::vector<std::string> peers(size);
-    for (int r = 0; r < size; ++r) {
-      // Line `rank` of node r's list: where r's pair with this node listens.
-      std::istringstream lines(all[r]);
-      for (int i = 0; i <= rank && std::getline(lines, peers[r]); ++i) {
-      }
-    }
+    for (int r = 0; r < size; ++r) keys.push_back(ListenHostKey(r));
+    SPARSYNC_ASSIGN_OR_RETURN(std::vector<std::string> peers, store->Get(keys, timeout));
+    peers[rank].clear();
     return std::unique_ptr<GlooTransport>(
         new GlooTransport(rank, size, context, std::move(peers)));
   } catch (const std::exception& e) {
@@ -109,11 +99,11 @@ Result<std::unique_ptr<GlooTransport>> GlooTransport::Create(int rank, int size,
 }
 
 GlooTransport::GlooTransport(int rank, int size, std::shared_ptr<gloo::Context> context,
-                             std::vector<std::string> peer_addresses)
+                             std::vector<std::string> peer_hosts)
     : rank_(rank),
       size_(size),
       context_(std::move(context)),
-      peer_addresses_(std::move(peer_addresses)) {}
+      peer_hosts_(std::move(peer_hosts)) {}
 
 GlooTransport::~GlooTransport() = default;
 
@@ -137,14 +127,19 @@ void GlooTransport::Abort(const Status& reason) {
 
 std::string GlooTransport::Describe(const std::string& what, const std::string& gloo_error) const {
   const std::string text = WithoutLocation(gloo_error);
+  // The node whose host the error names, when only one peer listens on that host (the nodes
+  // of a real cluster; simulated nodes sharing an address cannot be told apart this way).
+  int match = -1, matches = 0;
   for (int r = 0; r < size_; ++r) {
-    if (r == rank_ || peer_addresses_[r].empty()) continue;
-    if (text.find(peer_addresses_[r]) == std::string::npos) continue;
-    return "Gloo " + what + " on node " + std::to_string(rank_) + ": the connection to node " +
-           std::to_string(r) + " (" + peer_addresses_[r] + ") broke (" + text +
-           "): the daemon of node " + std::to_string(r) + " died or the network failed";
+    if (r == rank_ || peer_hosts_[r].empty()) continue;
+    if (text.find("[" + peer_hosts_[r] + "]:") == std::string::npos) continue;
+    match = r;
+    ++matches;
   }
-  return "Gloo " + what + " on node " + std::to_string(rank_) + " failed: " + text;
+  if (matches != 1) return "Gloo " + what + " on node " + std::to_string(rank_) + " failed: " + text;
+  return "Gloo " + what + " on node " + std::to_string(rank_) + ": the connection to node " +
+         std::to_string(match) + " (" + peer_hosts_[match] + ") broke (" + text +
+         "): the daemon of node " + std::to_string(match) + " died or the network failed";
 }
 
 Status GlooTransport::Failed(const std::string& what, const std::exception& e) {

@@ -46,7 +46,7 @@ class GlooTransport : public Transport {
 
  private:
   GlooTransport(int rank, int size, std::shared_ptr<gloo::Context> context,
-                std::vector<std::string> peer_addresses);
+                std::vector<std::string> peer_hosts);
   Status Guard(const char* what);
   // A collective threw: the job's reason if Abort brings one within the grace period, else
   // Gloo's error naming the node whose connection broke; the transport is aborted either way.
@@ -56,7 +56,7 @@ class GlooTransport : public Transport {
   int rank_;
   int size_;
   std::shared_ptr<gloo::Context> context_;
-  std::vector<std::string> peer_addresses_;  // by rank: the address Gloo names that pair by
+  std::vector<std::string> peer_hosts_;  // by rank: where that node listens (SPARSYNC_LISTEN)
   std::mutex mu_;
   std::condition_variable aborted_cv_;
   Status aborted_;  // guarded by mu_
