@@ -33,7 +33,9 @@ void Require(bool condition) {
 template <typename Request>
 bool Parse(const uint8_t* data, size_t size, uint8_t node, Request* req) {
   if (!req->ParseFromArray(data, static_cast<int>(size))) return false;
-  req->set_node_rank(node % (kNodes + 1));
+  if constexpr (requires { req->set_node_rank(0u); }) {  // the store's requests name no node
+    req->set_node_rank(node % (kNodes + 1));
+  }
   if ((node & 0x80) == 0) req->set_job_token(kToken);
   return true;
 }

@@ -33,7 +33,7 @@ for t in "${targets[@]}"; do
     echo "run.sh: fuzz target $t failed" >&2
     exit 1
   fi
-  grep -E "^(#[0-9]+.*DONE|stat::number_of_executed_units|stat::peak_rss_mb|stat::new_units_added)" \
+  grep -aE "^(#[0-9]+.*DONE|stat::number_of_executed_units|stat::peak_rss_mb|stat::new_units_added)" \
     "$scratch/$t.log" || true
-  grep -Eo "cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+" "$scratch/$t.log" | tail -1 || true
+  grep -aEo "cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+" "$scratch/$t.log" | tail -1 || true
 done
