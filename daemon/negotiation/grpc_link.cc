@@ -65,7 +65,13 @@ void GrpcCoordinatorLink::SetDeadline(grpc::ClientContext* ctx, std::chrono::mil
 
 Status GrpcCoordinatorLink::Check(const grpc::Status& status, const char* doing) const {
   // Every error names the address tried: a user's first question when a node cannot reach node 0.
-  return FromGrpc(status, std::string(doing) + " at " + address_);
+  const int rank = node_rank_.load();
+  const bool lost = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                    status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+  if (!lost || rank < 0) return FromGrpc(status, std::string(doing) + " at " + address_);
+  return FromGrpc(status, "node " + std::to_string(rank) + " lost the coordinator (node 0 at " +
+                              address_ + ": node 0 died, or the network between them failed) " +
+                              doing);
 }
 
 namespace {
@@ -105,7 +111,10 @@ Status GrpcCoordinatorLink::Join(const JoinInfo& info, std::chrono::milliseconds
     req.set_local_size(info.local_size);
     v1::JoinResponse resp;
     grpc::Status st = stub_->Join(&ctx, req, &resp);
-    if (st.ok()) return Status::Ok();
+    if (st.ok()) {
+      node_rank_ = static_cast<int>(info.node_rank);
+      return Status::Ok();
+    }
     // The call waits for the channel, so a node 0 that is not there yet ends it at the deadline:
     // the loop's own message then says what to check.
     const bool unreachable = st.error_code() == grpc::StatusCode::UNAVAILABLE ||

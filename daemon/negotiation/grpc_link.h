@@ -3,6 +3,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -40,11 +41,13 @@ class GrpcCoordinatorLink : public CoordinatorLink {
  private:
   class Call;  // one RPC in flight, registered so that Cancel can end it
   void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds d) const;
-  // FromGrpc with "`doing` at <address>".
+  // FromGrpc with "`doing` at <address>"; once joined, a lost connection names this node and
+  // node 0 ("node 2 lost the coordinator (node 0 at <address>) ...").
   Status Check(const grpc::Status& status, const char* doing) const;
 
   std::string address_;
   std::string job_token_;
+  std::atomic<int> node_rank_{-1};  // this node, once joined
   std::chrono::milliseconds rpc_timeout_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;

@@ -231,10 +231,17 @@ class Job:
                 p.proc.wait()
                 p.poll()
 
-    def leftovers(self):
-        """What the job left: processes, memfds, files in its directory other than logs."""
+    def leftovers(self, killed=()):
+        """What the job left: processes, memfds, files in its directory other than logs. The
+        socket and token file of a daemon killed with SIGKILL (nodes `killed`) do not count: it
+        could not remove them; the next daemon on that path replaces them, and sparsyncrun
+        removes its whole directory."""
         pids = tagged_processes(self.tag)
-        files = sorted(p.name for p in self.dir.iterdir() if not p.name.endswith(".log"))
+        theirs = set()
+        for i in killed:
+            theirs |= {os.path.basename(self.socket(i)), os.path.basename(self.socket(i)) + ".token"}
+        files = sorted(p.name for p in self.dir.iterdir()
+                       if not p.name.endswith(".log") and p.name not in theirs)
         out = {"processes": pids, "memfds": memfds(pids), "files": files}
         if self.network:
             out["namespace_processes"] = self.network.namespace_pids()
