@@ -2,8 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
 #include <vector>
 
+#include "daemon/common/job_token.h"
+#include "daemon/common/private_files.h"
 #include "daemon/device/device_dense_path.h"
 #include "daemon/device/device_intake.h"
 #include "daemon/device/device_topk_path.h"
@@ -12,6 +15,7 @@
 #include "daemon/negotiation/coordinator_core.h"
 #include "daemon/negotiation/grpc_link.h"
 #include "daemon/negotiation/grpc_service.h"
+#include "daemon/negotiation/grpc_tls.h"
 #include "daemon/negotiation/node_agent.h"
 #include "daemon/observe/counting_transport.h"
 #include "daemon/observe/metrics.h"
@@ -54,6 +58,26 @@ Daemon::Daemon(Config config) : config_(std::move(config)) {}
 
 Daemon::~Daemon() { Stop(); }
 
+void Daemon::Interrupt() {
+  interrupted_ = true;
+  {
+    std::lock_guard lock(parts_mu_);
+    if (starting_) CancelStartWaits();
+  }
+  interrupted_cv_.notify_all();
+}
+
+void Daemon::WaitForInterrupt() {
+  std::unique_lock lock(parts_mu_);
+  interrupted_cv_.wait(lock, [&] { return interrupted_.load(); });
+}
+
+void Daemon::CancelStartWaits() {
+  if (core_) core_->Cancel();
+  if (remote_link_) remote_link_->Cancel();
+  if (transport_) transport_->Abort(Aborted("the daemon was stopped during start-up"));
+}
+
 transport::Transport* Daemon::transport() const {
   return counting_ ? counting_.get() : transport_.get();
 }
@@ -92,8 +116,35 @@ Status Daemon::ServeMetrics() {
 }
 
 Status Daemon::Start() {
+  {
+    std::lock_guard lock(parts_mu_);
+    starting_ = true;
+  }
+  Status st = StartParts();
+  std::lock_guard lock(parts_mu_);
+  starting_ = false;
+  if (interrupted_ && !st.ok()) return Aborted("stopped during start-up (" + st.message() + ")");
+  return st;
+}
+
+Status Daemon::StartParts() {
   spdlog::info("starting: {}", config_.Describe());
+  // Checked again when the socket is bound; here so that a refused directory fails the daemon
+  // before it joins the other nodes and calibrates, not seconds later.
+  const std::string socket_dir = std::filesystem::path(config_.socket_path).parent_path().string();
+  SPARSYNC_RETURN_IF_ERROR(EnsurePrivateDirectory(socket_dir.empty() ? "." : socket_dir,
+                                                  "the directory of SPARSYNC_SOCKET"));
   SPARSYNC_RETURN_IF_ERROR(StartObservers());
+  if (config_.job_token_generated) {
+    spdlog::info("no job token given: generated one; the workers of this node read it from {}{}",
+                 WorkerTokenPath(config_.socket_path),
+                 config_.num_nodes > 1 ? ", the other nodes need it in SPARSYNC_JOB_TOKEN_FILE"
+                                       : "");
+  }
+  auto server_credentials = negotiation::ServerCredentials(config_.tls);
+  if (!server_credentials.ok()) return server_credentials.status();
+  auto channel_credentials = negotiation::ChannelCredentials(config_.tls);
+  if (!channel_credentials.ok()) return channel_credentials.status();
   if (config_.node_rank == 0) {
     negotiation::CoordinatorOptions options;
     options.num_nodes = config_.num_nodes;
@@ -109,27 +160,36 @@ Status Daemon::Start() {
     options.merge.replan_steps = config_.merge.replan_steps;
     options.merge.dense_by_default = config_.compressor == Compressor::kNone;
     options.merge.choose_dense = config_.ChoosesDense();
-    core_ = std::make_unique<negotiation::CoordinatorCore>(options, config_.local_size,
-                                                           config_.job_token);
+    {
+      std::lock_guard lock(parts_mu_);
+      core_ = std::make_unique<negotiation::CoordinatorCore>(options, config_.local_size,
+                                                             config_.job_token);
+      if (interrupted_) CancelStartWaits();
+    }
     core_->SetCostModel(planning::EstimatedCostModel(
         config_.num_nodes, config_.density, config_.compressor == Compressor::kNone));
     core_->SetObserver(&observers_);
     core_->Start();
     if (config_.num_nodes > 1) {
-      server_ = std::make_unique<negotiation::CoordinatorServer>(core_.get());
+      server_ = std::make_unique<negotiation::CoordinatorServer>(core_.get(),
+                                                                 *server_credentials);
       SPARSYNC_RETURN_IF_ERROR(server_->Start(config_.coordinator));
-      spdlog::info("coordinator serving on {}", config_.coordinator);
+      spdlog::info("coordinator serving on {}{}", config_.coordinator,
+                   config_.tls.enabled() ? " (mutual TLS)" : "");
     }
     link_ = core_.get();
   } else {
+    std::lock_guard lock(parts_mu_);
     remote_link_ = std::make_unique<negotiation::GrpcCoordinatorLink>(
-        config_.coordinator, config_.job_token, std::chrono::seconds(10));
+        config_.coordinator, config_.job_token, std::chrono::seconds(10), *channel_credentials);
     link_ = remote_link_.get();
+    if (interrupted_) CancelStartWaits();
   }
 
   negotiation::JoinInfo join{negotiation::kProtocolVersion, config_.job_token, config_.node_rank,
-                             config_.num_nodes, config_.local_size};
+                             config_.num_nodes, config_.local_size, ""};
   SPARSYNC_RETURN_IF_ERROR(link_->Join(join, config_.timeout()));
+  joined_ = true;
   spdlog::info("all {} node(s) joined", config_.num_nodes);
 
   store_ = std::make_unique<LinkStore>(link_);
@@ -139,13 +199,17 @@ Status Daemon::Start() {
         config_.node_rank, config_.num_nodes, store_.get(), config_.timeout(), /*device=*/0,
         transport::NcclLibraries{config_.cudart, config_.libnccl});
     if (!transport.ok()) return transport.status();
+    std::lock_guard lock(parts_mu_);
     transport_ = std::move(*transport);
+    if (interrupted_) CancelStartWaits();
     spdlog::info("NCCL communicator ready");
   } else {
     auto transport = transport::GlooTransport::Create(
         config_.node_rank, config_.num_nodes, config_.listen, store_.get(), config_.timeout());
     if (!transport.ok()) return transport.status();
+    std::lock_guard lock(parts_mu_);
     transport_ = std::move(*transport);
+    if (interrupted_) CancelStartWaits();
     spdlog::info("Gloo mesh connected");
   }
   if (metrics_) {
@@ -201,7 +265,8 @@ Status Daemon::Start() {
                                                     LivenessWindow(config_), &observers_);
   handler_ = std::make_unique<intake::WorkerHandler>(
       world, config_.job_token, &failure_, table_.get(), device_.get(),
-      [this](negotiation::ReadyTensor t) { agent_->Report(std::move(t)); });
+      [this](negotiation::ReadyTensor t) { agent_->Report(std::move(t)); },
+      std::make_shared<intake::RegionBudget>(config_.max_registered_bytes));
   // The handler answers every pending collective, then the agent tells the coordinator.
   failure_.Observe([this](const Status& e, JobFailure::Source s) { handler_->OnFailure(e, s); });
   failure_.Observe([this](const Status& e, JobFailure::Source s) { agent_->OnFailure(e, s); });
@@ -226,8 +291,10 @@ Status Daemon::Start() {
       sparse_.get(), std::move(paths), std::move(executor_options));
   agent_->Start();
   executor_->Start();
+  if (interrupted_) return Aborted("stopped during start-up");
   intake_ = std::make_unique<intake::IntakeServer>(config_.socket_path, config_.node_rank,
-                                                   handler_.get(), config_.timeout());
+                                                   handler_.get(), config_.timeout(),
+                                                   config_.job_token);
   SPARSYNC_RETURN_IF_ERROR(intake_->Start());
   return ServeMetrics();
 }
@@ -235,13 +302,20 @@ Status Daemon::Start() {
 void Daemon::Stop() {
   if (stopped_) return;
   stopped_ = true;
+  const Status stopping = Aborted("the daemon of node " + std::to_string(config_.node_rank) +
+                                  " is shutting down");
   if (handler_) {
-    failure_.Fail(Aborted("the daemon of node " + std::to_string(config_.node_rank) +
-                          " is shutting down"),
-                  JobFailure::Source::kShutdown);
+    // Every waiting worker hears it, and the agent tells the coordinator, which fails the
+    // collectives of every node with this reason (a second failure changes nothing).
+    failure_.Fail(stopping, JobFailure::Source::kShutdown);
+  } else if (link_ && joined_) {
+    (void)link_->Leave(config_.node_rank);  // started half-way: the others need not wait
   }
-  if (intake_) intake_->Stop();
-  if (agent_ && transport_) agent_->Leave();
+  if (intake_) intake_->Stop(failure_.failed() ? failure_.status() : stopping);
+  // Nothing may now wait out a deadline: the link's calls end, a collective blocked on a peer
+  // ends (issue 16, D9).
+  if (remote_link_) remote_link_->Cancel();
+  if (transport_) transport_->Abort(stopping);
   if (executor_) executor_->Stop();
   if (agent_) agent_->Stop();
   if (server_) server_->Stop();

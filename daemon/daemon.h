@@ -2,7 +2,10 @@
 // for a signal and stops them in reverse. Holds no algorithm.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 
 #include "daemon/common/config.h"
 #include "daemon/common/job_failure.h"
@@ -44,12 +47,23 @@ class Daemon {
   explicit Daemon(Config config);
   ~Daemon();
 
-  // Joins the cluster, connects the transport and opens the control socket.
+  // Joins the cluster, connects the transport and opens the control socket. Returns early (not
+  // OK) once Interrupt was called.
   Status Start();
-  // Drains: pending collectives fail with a clear error, workers are told, the socket is removed.
+  // Drains: pending collectives fail with a clear error on this node and, through the
+  // coordinator, on every node; workers are told, the socket is removed.
   void Stop();
+  // A stop signal arrived (any thread, also during Start): ends every wait of Start and wakes
+  // WaitForInterrupt. Idempotent.
+  void Interrupt();
+  void WaitForInterrupt();
+  bool interrupted() const { return interrupted_; }
 
  private:
+  Status StartParts();
+  // Makes the parts Start may be blocked in give up (the link's calls, the coordinator's waits,
+  // the transport) while Start runs. REQUIRES: parts_mu_ held.
+  void CancelStartWaits();
   // The timeline (always there, recording when SPARSYNC_TIMELINE or a worker asks) and, with
   // SPARSYNC_METRICS_PORT, the metrics, which count the transport's bytes.
   Status StartObservers();
@@ -77,6 +91,11 @@ class Daemon {
   std::unique_ptr<pipeline::Executor> executor_;
   std::unique_ptr<intake::IntakeServer> intake_;
   bool stopped_ = false;
+  bool joined_ = false;
+  std::mutex parts_mu_;  // Start's assignments of core_, remote_link_, transport_ vs Interrupt
+  bool starting_ = false;  // guarded by parts_mu_
+  std::condition_variable interrupted_cv_;
+  std::atomic<bool> interrupted_{false};
 };
 
 }  // namespace sparsync

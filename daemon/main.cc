@@ -1,11 +1,55 @@
-// sparsyncd: parses the configuration, starts the Daemon and runs until SIGTERM or SIGINT.
+// sparsyncd: parses the configuration, starts the Daemon and runs until SIGTERM, SIGINT or SIGHUP.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <thread>
 
 #include "daemon/common/config.h"
+#include "daemon/common/job_token.h"
 #include "daemon/common/logging.h"
 #include "daemon/daemon.h"
+
+namespace {
+
+// StopSignals: the thread that waits for the stop signals (blocked in every other thread) and
+// interrupts the daemon, also while it is still starting (a start-up waits for the other nodes
+// for up to SPARSYNC_TIMEOUT_S; issue 16, D9). The destructor ends the wait and joins.
+class StopSignals {
+ public:
+  static sigset_t Set() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    return set;
+  }
+  explicit StopSignals(sparsync::Daemon* daemon) : daemon_(daemon) {
+    thread_ = std::thread([this] {
+      sigset_t set = Set();
+      int sig = 0;
+      sigwait(&set, &sig);
+      if (!done_) {
+        spdlog::info("received {}, shutting down",
+                     sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP");
+      }
+      daemon_->Interrupt();
+    });
+  }
+  ~StopSignals() {
+    done_ = true;
+    if (!daemon_->interrupted()) kill(getpid(), SIGTERM);  // wakes the wait; blocked elsewhere
+    thread_.join();
+  }
+
+ private:
+  sparsync::Daemon* const daemon_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   sparsync::ParsedConfig parsed =
@@ -14,25 +58,28 @@ int main(int argc, char** argv) {
     std::fprintf(parsed.exit_code == 0 ? stdout : stderr, "%s\n", parsed.message.c_str());
     return parsed.exit_code;
   }
-  // Block the stop signals in every thread; the main thread waits for them.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
+  if (sparsync::Status token = sparsync::ResolveJobToken(&parsed.config); !token.ok()) {
+    std::fprintf(stderr, "sparsyncd: invalid configuration: %s\n", token.message().c_str());
+    return 2;
+  }
+  // Block the stop signals in every thread; StopSignals waits for them.
+  sigset_t stop = StopSignals::Set();
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   sparsync::InitLogging(parsed.config.node_rank, parsed.config.log_level);
   sparsync::Daemon daemon(parsed.config);
-  sparsync::Status started = daemon.Start();
-  if (!started.ok()) {
-    spdlog::error("cannot start: {}", started.message());
+  int code = 0;
+  {
+    StopSignals signals(&daemon);
+    sparsync::Status started = daemon.Start();
+    if (started.ok()) {
+      daemon.WaitForInterrupt();
+    } else if (!daemon.interrupted()) {
+      spdlog::error("cannot start: {}", started.message());
+      code = 1;
+    }
     daemon.Stop();
-    return 1;
   }
-  int sig = 0;
-  sigwait(&stop, &sig);
-  spdlog::info("received {}, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  daemon.Stop();
-  return 0;
+  return code;
 }

@@ -29,6 +29,7 @@ dev_packages=(
   # test_deploy.py): sshd in network namespaces, a Slurm cluster with munge, Prometheus, and
   # systemd-analyze for the units.
   openssh-server openssh-client slurm-wlm munge prometheus systemd
+  clang libclang-rt-14-dev openssl  # tests/fuzz (libFuzzer), the TLS tests' throwaway CA
 )
 # What sparsyncd and libsparsync_client.so link (their own dependencies come along), and Python.
 runtime_packages=(

@@ -4,8 +4,10 @@
 # library's on the CPU emulation of the CUDA execution model (no GPU here or in CI: the only check
 # of the kernels' logic that runs everywhere), the daemon and kernel suites again under
 # AddressSanitizer and UBSan, the suites of the multi-threaded parts (executor stages, tensor
-# table, coordinator, NCCL transport, device layer) under ThreadSanitizer, and the multi-process
-# pytest suite with real daemons (the TensorFlow shim's workers run in .venv-tf).
+# table, coordinator, NCCL transport, device layer) under ThreadSanitizer, the multi-process
+# pytest suite with real daemons (the TensorFlow shim's workers run in .venv-tf), the libFuzzer
+# targets for a fixed short time each, and three fault trials of each kind (tests/faults; they
+# need root for network namespaces).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -32,8 +34,9 @@ tests/gpu/emulation/run.sh --plugin --gtest_brief=1
 echo "== GoogleTest under AddressSanitizer + UBSan"
 cmake -S . -B build-asan -G Ninja -DSPARSYNC_SANITIZE=ON -DSPARSYNC_BUILD_BENCH=OFF -DSPARSYNC_WERROR=ON
 cmake --build build-asan --target daemon_test kernels_test
-UBSAN_OPTIONS=halt_on_error=1 build-asan/tests/unit/daemon_test --gtest_brief=1
-UBSAN_OPTIONS=halt_on_error=1 build-asan/kernels/kernels_test --gtest_brief=1
+# LeakSanitizer too (on by default with ASan on Linux; said explicitly so that it stays on).
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 build-asan/tests/unit/daemon_test --gtest_brief=1
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 build-asan/kernels/kernels_test --gtest_brief=1
 
 echo "== GoogleTest under ThreadSanitizer"
 cmake -S . -B build-tsan -G Ninja -DSPARSYNC_TSAN=ON -DSPARSYNC_BUILD_BENCH=OFF -DSPARSYNC_WERROR=ON
@@ -51,4 +54,22 @@ if "$torch2_py" -c "import torch, pytest" 2>/dev/null; then
     tests/integration/test_ddp_hook.py tests/integration/test_training.py
 else
   echo "== pytest under torch 2.x: NOT RUN (no $torch2_py: SPARSYNC_TORCH2=1 deploy/install_deps.sh makes it)"
+fi
+
+# About 2 minutes of fuzzing (4 targets x 25 s) after building the targets with clang; the long
+# runs are tests/fuzz/run.sh with more seconds (bench/RESULTS.md).
+echo "== libFuzzer (tests/fuzz): each target for 25 s from its seeds"
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DSPARSYNC_FUZZ=ON -DSPARSYNC_CUDA=OFF -DSPARSYNC_BUILD_TESTS=OFF -DSPARSYNC_BUILD_BENCH=OFF
+cmake --build build-fuzz --target fuzz_targets
+tests/fuzz/run.sh build-fuzz 25
+
+# Three trials of each kind with SPARSYNC_TIMEOUT_S=8 (about 2 minutes: a hung node's own
+# worker gives up at the timeout plus the shims' 5 s grace, inside the 2 x 8 s the trials allow);
+# the long runs are tests/faults/trials.py --trials 100 (bench/RESULTS.md). Namespaces need root.
+echo "== fault trials (tests/faults): 3 of each kind on 4 nodes"
+if [[ $(id -u) == 0 ]]; then
+  .venv/bin/python tests/faults/trials.py --trials 3 --timeout-s 8
+else
+  echo "skipped: the fault trials need root (network namespaces)"
 fi

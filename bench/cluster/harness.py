@@ -253,6 +253,7 @@ class Harness:
     def run_one(self, model, mode, nodes, run_dir):
         if not self.runner.dry_run:
             run_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(run_dir, 0o700)  # it holds the sockets: the daemons refuse a shared directory
         self.run_index += 1
         port_offset = self.run_index % 500  # no waiting for a port still in TIME_WAIT
         env_base = {"PYTHONPATH": str(REPO / "shims" / "python"), "PYTHONUNBUFFERED": "1",

@@ -120,7 +120,7 @@ def main(argv=None):
     if not socket_path:
         p.error("SPARSYNC_SOCKET is not set (run under sparsyncrun or the cluster harness)")
     try:
-        client = C.Client(socket_path, os.environ.get("SPARSYNC_JOB_TOKEN", ""),
+        client = C.Client(socket_path, os.environ.get("SPARSYNC_JOB_TOKEN") or None,
                           int(os.environ.get("SPARSYNC_LOCAL_RANK", "0") or 0),
                           _float_env("SPARSYNC_CONNECT_TIMEOUT_S", 10.0))
         worker = ReplayWorker(client, schedule, args.seed)

@@ -48,7 +48,14 @@ struct Config {
   std::string coordinator = "127.0.0.1:29400";
   std::string listen = "127.0.0.1";     // address this daemon binds for peers
   std::string socket_path;              // control socket; default per-user runtime dir
-  std::string job_token;
+  std::string job_token;                // see job_token.h: environment, file, or generated
+  std::string job_token_file;
+  bool job_token_generated = false;     // set by ResolveJobToken
+  struct Tls {                          // mutual TLS on the coordinator's gRPC channel
+    std::string cert, key, ca;          // PEM files; all three or none
+    bool enabled() const { return !cert.empty(); }
+  } tls;
+  uint64_t max_registered_bytes = 0;    // workers' shared regions in all; 0: physical memory
   Compressor compressor = Compressor::kTopK;
   double density = 0.001;               // fraction of elements sent (rho)
   double threshold = 0;                 // threshold compressor: fixed tau; 0 = sampled quantile

@@ -23,7 +23,7 @@ class JobFailure {
     kLocal,        // found on this node: the coordinator must be told, and tells every node
     kCoordinator,  // the coordinator's fatal entry: every node hears it from there
     kUnreported,   // found on this node, and the coordinator cannot be told (it is lost)
-    kShutdown,     // this daemon is stopping
+    kShutdown,     // this daemon is stopping: the coordinator is told, as for kLocal
   };
   using Observer = std::function<void(const Status& error, Source source)>;
 

@@ -1,6 +1,7 @@
 #include "daemon/intake/codec.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -197,9 +198,12 @@ Result<Message> Decode(const void* data, size_t size, int num_fds) {
   switch (h.type) {
     case SPARSYNC_MSG_HELLO: {
       auto m = Exact<sparsync_hello>(data, size, "HELLO");
-      if (m.ok() && std::get<sparsync_hello>(*m).token_len > SPARSYNC_MAX_TOKEN_BYTES) {
+      if (!m.ok()) return m;
+      const sparsync_hello& hello = std::get<sparsync_hello>(*m);
+      if (hello.token_len > SPARSYNC_MAX_TOKEN_BYTES) {
         return InvalidArgument("job token longer than 64 bytes");
       }
+      if (hello.reserved != 0) return InvalidArgument("reserved HELLO field is not 0");
       return m;
     }
     case SPARSYNC_MSG_REGISTER: {
@@ -227,6 +231,24 @@ Result<Message> Decode(const void* data, size_t size, int num_fds) {
       return InvalidArgument("message type " + std::to_string(h.type) +
                              " is not one a worker may send");
   }
+}
+
+Claim ClaimOf(const void* data, size_t size) {
+  Claim claim;
+  sparsync_msg_header h;
+  if (size < sizeof(h)) return claim;
+  std::memcpy(&h, data, sizeof(h));
+  if (h.magic != SPARSYNC_INTAKE_MAGIC) return claim;
+  if (h.type == SPARSYNC_MSG_HELLO) {
+    claim.type = SPARSYNC_MSG_HELLO;
+  } else if (h.type == SPARSYNC_MSG_REGISTER && h.version == SPARSYNC_INTAKE_VERSION &&
+             h.size == size && size == sizeof(sparsync_register_msg)) {
+    claim.type = SPARSYNC_MSG_REGISTER;
+    std::memcpy(&claim.tensor_id,
+                static_cast<const char*>(data) + offsetof(sparsync_register_msg, tensor_id),
+                sizeof(claim.tensor_id));
+  }
+  return claim;
 }
 
 void FillHeader(sparsync_msg_header* header, sparsync_msg_type type, uint32_t size) {

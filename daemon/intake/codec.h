@@ -23,6 +23,16 @@ using Message = std::variant<sparsync_hello, sparsync_register_msg, sparsync_rea
 // send any). Errors say what is wrong in words a shim author can act on.
 Result<Message> Decode(const void* data, size_t size, int num_fds);
 
+// What a datagram that Decode refused claims to be, so that the worker hears why (issue 16, D12):
+// the server answers a refused HELLO with a HELLO_REPLY (whatever its version: the reply's header
+// shows the daemon's) and a refused REGISTER of the right size with a REGISTER_REPLY for its
+// tensor id. Anything else is closed without a reply.
+struct Claim {
+  uint16_t type = 0;       // SPARSYNC_MSG_HELLO, SPARSYNC_MSG_REGISTER, or 0
+  uint32_t tensor_id = 0;  // REGISTER: the tensor id it names
+};
+Claim ClaimOf(const void* data, size_t size);
+
 // The daemon's view of a REGISTER that Decode accepted: the wire numbers become the daemon's
 // types here, at the intake edge (common/tensor_meta.h).
 Result<TensorMeta> MetaOf(const sparsync_register_msg& msg);

@@ -1,8 +1,10 @@
 #include "daemon/intake/server.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -12,19 +14,17 @@
 #include <cstring>
 #include <filesystem>
 
+#include "daemon/common/job_token.h"
+#include "daemon/common/private_files.h"
+#include "daemon/intake/done.h"
+
 namespace sparsync::intake {
 namespace {
 
-Status MakeParentDir(const std::string& path) {
-  std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  if (parent.empty()) return Status::Ok();
-  std::error_code ec;
-  if (std::filesystem::exists(parent, ec)) return Status::Ok();
-  std::filesystem::create_directories(parent, ec);
-  if (ec) return Unavailable("cannot create " + parent.string() + ": " + ec.message());
-  chmod(parent.c_str(), 0700);
-  return Status::Ok();
-}
+using Clock = std::chrono::steady_clock;
+constexpr auto kAcceptPause = std::chrono::seconds(1);
+// A worker sends HELLO right after connecting; a connection silent for this long is closed.
+constexpr auto kHandshakeLimit = std::chrono::seconds(10);
 
 sockaddr_un Address(const std::string& path) {
   sockaddr_un addr{};
@@ -33,41 +33,70 @@ sockaddr_un Address(const std::string& path) {
   return addr;
 }
 
+// " (N more like it since the last such line)" when lines were held back.
+std::string HeldBack(uint64_t n) {
+  return n == 0 ? std::string() : " (" + std::to_string(n) + " more since the last such line)";
+}
+
+std::string OpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return "its limit";
+  return "its limit of " + std::to_string(limit.rlim_cur);
+}
+
+// A socket file may be left from a daemon that died; anything else at the path is left alone.
+Status CheckSocketPath(const std::string& path) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) return Status::Ok();
+  if (!S_ISSOCK(st.st_mode)) {
+    return InvalidArgument("SPARSYNC_SOCKET=" + path +
+                           " exists and is not a socket: not removing it; choose another path");
+  }
+  sockaddr_un addr = Address(path);
+  int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (probe < 0) return ErrnoStatus("socket", errno);
+  bool alive = connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(probe);
+  if (alive) {
+    return Unavailable("another daemon is serving SPARSYNC_SOCKET=" + path +
+                       "; stop it or choose another path");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 IntakeServer::IntakeServer(std::string socket_path, int node_rank, IntakeHandler* handler,
-                           std::chrono::milliseconds send_timeout)
+                           std::chrono::milliseconds stall_limit, std::string worker_token)
     : socket_path_(std::move(socket_path)),
       node_rank_(node_rank),
       handler_(handler),
-      send_timeout_(send_timeout) {}
+      stall_limit_(stall_limit),
+      worker_token_(std::move(worker_token)) {}
 
 IntakeServer::~IntakeServer() { Stop(); }
 
-Status IntakeServer::Start() {
+Status IntakeServer::Bind() {
   if (socket_path_.size() >= sizeof(sockaddr_un::sun_path)) {
     return InvalidArgument("SPARSYNC_SOCKET path is too long for a Unix socket: " + socket_path_);
   }
-  SPARSYNC_RETURN_IF_ERROR(MakeParentDir(socket_path_));
-  sockaddr_un addr = Address(socket_path_);
-  // A socket file may be left from a daemon that died; refuse only if someone still answers.
-  int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (probe >= 0) {
-    bool alive = connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    close(probe);
-    if (alive) {
-      return Unavailable("another daemon is serving SPARSYNC_SOCKET=" + socket_path_ +
-                         "; stop it or choose another path");
-    }
+  std::string dir = std::filesystem::path(socket_path_).parent_path().string();
+  SPARSYNC_RETURN_IF_ERROR(
+      EnsurePrivateDirectory(dir.empty() ? "." : dir, "the directory of SPARSYNC_SOCKET"));
+  SPARSYNC_RETURN_IF_ERROR(CheckSocketPath(socket_path_));
+  // Create the socket under a temporary name and rename it: the path appears only when the
+  // daemon accepts workers, and the token file is there before it.
+  std::string tmp = socket_path_ + ".tmp" + std::to_string(getpid());
+  if (tmp.size() >= sizeof(sockaddr_un::sun_path)) tmp = socket_path_;
+  SPARSYNC_RETURN_IF_ERROR(CheckSocketPath(tmp));
+  if (!worker_token_.empty()) {
+    SPARSYNC_RETURN_IF_ERROR(WritePrivateFile(WorkerTokenPath(socket_path_), worker_token_));
+    wrote_token_ = true;
   }
   unlink(socket_path_.c_str());
+  unlink(tmp.c_str());
   listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd_ < 0) return ErrnoStatus("socket", errno);
-  // Create the socket under a temporary name and rename it: the path appears only when the
-  // daemon accepts workers.
-  std::string tmp = socket_path_ + ".tmp" + std::to_string(getpid());
-  if (tmp.size() >= sizeof(addr.sun_path)) tmp = socket_path_;
-  unlink(tmp.c_str());
   sockaddr_un tmp_addr = Address(tmp);
   if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&tmp_addr), sizeof(tmp_addr)) != 0) {
     return ErrnoStatus("binding SPARSYNC_SOCKET=" + socket_path_, errno);
@@ -79,9 +108,15 @@ Status IntakeServer::Start() {
     unlink(tmp.c_str());
     return ErrnoStatus("renaming the socket to " + socket_path_, err);
   }
+  return Status::Ok();
+}
+
+Status IntakeServer::Start() {
+  SPARSYNC_RETURN_IF_ERROR(Bind());
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (epoll_fd_ < 0 || wake_fd_ < 0) return ErrnoStatus("epoll/eventfd", errno);
+  spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (epoll_fd_ < 0 || wake_fd_ < 0 || spare_fd_ < 0) return ErrnoStatus("epoll/eventfd", errno);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.fd = listen_fd_;
@@ -95,7 +130,7 @@ Status IntakeServer::Start() {
   return Status::Ok();
 }
 
-void IntakeServer::Stop() {
+void IntakeServer::Stop(const Status& why) {
   if (stopping_.exchange(true)) return;
   if (wake_fd_ >= 0) {
     uint64_t one = 1;
@@ -103,16 +138,23 @@ void IntakeServer::Stop() {
   }
   if (thread_.joinable()) thread_.join();
   std::vector<int> fds;
-  for (auto& [fd, s] : sessions_) fds.push_back(fd);
-  for (int fd : fds) Close(fd, Aborted("the daemon is shutting down"));
+  for (auto& [fd, s] : sessions_) {
+    // A worker between two posts would otherwise learn only that the connection broke.
+    if (s->greeted) (void)SendDone(*s, /*tensor_id=*/0, /*round=*/0, why);
+    fds.push_back(fd);
+  }
+  for (int fd : fds) Close(fd, why);
   if (listen_fd_ >= 0) {
     close(listen_fd_);
     unlink(socket_path_.c_str());
     listen_fd_ = -1;
   }
-  if (epoll_fd_ >= 0) close(epoll_fd_);
-  if (wake_fd_ >= 0) close(wake_fd_);
-  epoll_fd_ = wake_fd_ = -1;
+  if (wrote_token_) RemovePrivateFile(WorkerTokenPath(socket_path_));
+  wrote_token_ = false;
+  for (int* fd : {&epoll_fd_, &wake_fd_, &spare_fd_}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
 }
 
 void IntakeServer::RunOnce(std::chrono::milliseconds timeout) {
@@ -123,9 +165,29 @@ void IntakeServer::RunOnce(std::chrono::milliseconds timeout) {
     if (fd == listen_fd_) {
       Accept();
     } else if (fd != wake_fd_) {
-      HandleReadable(fd);
+      if (events[i].events & EPOLLOUT) {
+        auto it = sessions_.find(fd);
+        Status flushed = it == sessions_.end() ? Status::Ok() : it->second->Flush();
+        if (!flushed.ok()) Close(fd, flushed);
+      }
+      if (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) HandleReadable(fd);
     }
   }
+  if (paused_until_ && Clock::now() >= *paused_until_) {
+    paused_until_.reset();
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = listen_fd_;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+  }
+  CloseStalled();
+}
+
+void IntakeServer::Watch(int fd, bool writable) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | (writable ? EPOLLOUT : 0u);
+  ev.data.fd = fd;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);  // ENOENT once the connection is closed: fine
 }
 
 void IntakeServer::Accept() {
@@ -133,22 +195,74 @@ void IntakeServer::Accept() {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       const int err = errno;
-      uint64_t held_back = 0;
-      if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR && accept_log_.Allow(&held_back)) {
-        spdlog::warn("accept on {}: {} ({} more since the last)", socket_path_, std::strerror(err),
-                     held_back);
+      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) return;
+      if (err == ECONNABORTED) continue;
+      if ((err == EMFILE || err == ENFILE) && RefuseForLackOfDescriptors()) continue;
+      uint64_t held = 0;
+      if (accept_log_.Allow(&held)) {
+        spdlog::warn("accept on {}: {}; not accepting for {} s{}", socket_path_,
+                     std::strerror(err), kAcceptPause.count(), HeldBack(held));
       }
+      PauseAccepting();
       return;
     }
-    timeval tv{};
-    tv.tv_sec = send_timeout_.count() / 1000;
-    tv.tv_usec = (send_timeout_.count() % 1000) * 1000;
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = fd;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
-    sessions_[fd] = std::make_shared<WorkerSession>(fd);
+    sessions_[fd] = std::make_shared<WorkerSession>(
+        fd, [this](int session_fd, bool writable) { Watch(session_fd, writable); });
+  }
+}
+
+bool IntakeServer::RefuseForLackOfDescriptors() {
+  if (spare_fd_ < 0) return false;
+  close(spare_fd_);
+  spare_fd_ = -1;
+  int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  const std::string why = "sparsyncd of node " + std::to_string(node_rank_) +
+                          " has no free file descriptor (" + OpenFileLimit() +
+                          ", RLIMIT_NOFILE): raise it (ulimit -n) or run fewer workers";
+  if (fd >= 0) {
+    sparsync_hello_reply reply{};
+    FillHeader(&reply.header, SPARSYNC_MSG_HELLO_REPLY, sizeof(reply));
+    reply.status = SPARSYNC_ERR_UNAVAILABLE;
+    CopyMessage(reply.message, why);
+    (void)!send(fd, &reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT);
+    char drain[sizeof(sparsync_hello)];  // an unread HELLO would turn the close into a reset
+    (void)!recv(fd, drain, sizeof(drain), MSG_DONTWAIT);
+    close(fd);
+    uint64_t held = 0;
+    if (accept_log_.Allow(&held)) {
+      spdlog::warn("refused a connection: {}{}", why, HeldBack(held));
+    }
+  }
+  spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return fd >= 0;
+}
+
+void IntakeServer::PauseAccepting() {
+  // Level-triggered epoll would report the waiting connection again at once: stop listening
+  // for a moment instead of spinning.
+  if (paused_until_) return;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+  paused_until_ = Clock::now() + kAcceptPause;
+}
+
+void IntakeServer::CloseStalled() {
+  const auto now = Clock::now();
+  std::vector<int> stalled, silent;
+  for (const auto& [fd, session] : sessions_) {
+    if (session->Stalled(now) > stall_limit_) stalled.push_back(fd);
+    if (!session->greeted && now - session->accepted_at > kHandshakeLimit) silent.push_back(fd);
+  }
+  for (int fd : stalled) {
+    Close(fd, Unavailable("it has not read the daemon's messages for " +
+                          std::to_string(stall_limit_.count() / 1000) +
+                          " s (SPARSYNC_TIMEOUT_S): closing its connection"));
+  }
+  for (int fd : silent) {
+    Close(fd, Unavailable("no HELLO within " + std::to_string(kHandshakeLimit.count()) + " s"));
   }
 }
 
@@ -164,21 +278,25 @@ void IntakeServer::Close(int fd, const Status& reason) {
   std::shared_ptr<WorkerSession> session = it->second;
   sessions_.erase(it);
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  // A session that gave up on a worker that does not read says so better than the close does.
+  const Status own = session->shutdown_reason();
+  const Status why = own.ok() || reason.ok() ? reason : own;
   session->Shutdown();
-  if (!reason.ok() && session->greeted) {
-    spdlog::warn("closing the connection of {}: {}", session->Describe(node_rank_), reason.message());
-  } else if (!reason.ok() && reason.code() == StatusCode::kUnavailable) {
-    // Connected and left before saying anything: another daemon probing the socket at start-up.
-    spdlog::debug("a connection closed before its handshake: {}", reason.message());
-  } else if (!reason.ok()) {
+  if (!why.ok() && session->greeted) {
+    spdlog::warn("closing the connection of {}: {}", session->Describe(node_rank_), why.message());
+  } else if (!why.ok() && why.code() == StatusCode::kUnavailable) {
+    // Connected and left (or stayed silent) before saying anything: another daemon probing the
+    // socket at start-up, or a stray program.
+    spdlog::debug("a connection closed before its handshake: {}", why.message());
+  } else if (!why.ok()) {
     // Refused before the handshake (a wrong token, another program): can repeat without bound.
-    uint64_t held_back = 0;
-    if (refused_log_.Allow(&held_back)) {
-      spdlog::warn("refused a connection before its handshake: {}{}", reason.message(),
-                   held_back ? " (and " + std::to_string(held_back) + " more since the last)" : "");
+    uint64_t held = 0;
+    if (refused_log_.Allow(&held)) {
+      spdlog::warn("refused a connection before its handshake: {}{}", why.message(),
+                   HeldBack(held));
     }
   }
-  if (session->greeted) handler_->OnDisconnect(session, reason);
+  if (session->greeted) handler_->OnDisconnect(session, why);
 }
 
 void IntakeServer::HandleReadable(int fd) {
@@ -228,11 +346,37 @@ void IntakeServer::HandleReadable(int fd) {
                               " bytes"));
     return;
   }
-  auto decoded = Decode(buf, static_cast<size_t>(n), num_fds);
-  if (!decoded.ok()) {
-    Close(fd, decoded.status().WithContext("protocol violation"));
+  HandleMessage(fd, session, buf, static_cast<size_t>(n), num_fds);
+}
+
+void IntakeServer::Reject(int fd, const std::shared_ptr<WorkerSession>& session, const char* buf,
+                          size_t n, const Status& error) {
+  const Claim claim = ClaimOf(buf, n);
+  if (claim.type == SPARSYNC_MSG_REGISTER && session->greeted) {
+    // The framing is intact: refuse this registration and keep the connection.
+    sparsync_register_reply reply{};
+    FillHeader(&reply.header, SPARSYNC_MSG_REGISTER_REPLY, sizeof(reply));
+    reply.tensor_id = claim.tensor_id;
+    reply.status = WireStatus(error);
+    CopyMessage(reply.message, "sparsyncd refused the registration: " + error.message());
+    Status sent = session->Send(&reply, sizeof(reply));
+    if (!sent.ok()) Close(fd, sent);
     return;
   }
+  if (claim.type == SPARSYNC_MSG_HELLO && !session->greeted) {
+    sparsync_hello_reply reply{};
+    FillHeader(&reply.header, SPARSYNC_MSG_HELLO_REPLY, sizeof(reply));
+    reply.status = WireStatus(error);
+    CopyMessage(reply.message, error.message());
+    (void)session->Send(&reply, sizeof(reply));
+  }
+  Close(fd, error.WithContext("protocol violation"));
+}
+
+void IntakeServer::HandleMessage(int fd, const std::shared_ptr<WorkerSession>& session,
+                                 const char* buf, size_t n, int num_fds) {
+  auto decoded = Decode(buf, n, num_fds);
+  if (!decoded.ok()) return Reject(fd, session, buf, n, decoded.status());
   Message& m = *decoded;
   if (!session->greeted && !std::holds_alternative<sparsync_hello>(m)) {
     Close(fd, InvalidArgument("protocol violation: the first message must be HELLO"));

@@ -2,10 +2,19 @@
 // loop over the listening socket and every worker connection; each datagram is decoded and
 // validated (codec.h) and handed to the IntakeHandler. A malformed message closes that one
 // connection with a logged reason; the daemon and the other workers go on.
+//
+// Hardening (issue 16): the socket's directory must be this user's and of mode 0700, or Start
+// refuses naming it (D1); a path that exists and is not a socket is never removed (D7); the job
+// token is left beside the socket in a 0600 file for the workers; no send blocks the loop (D6,
+// session.h); at the open-file limit a connection is answered with the reason and closed instead
+// of being retried forever (D5); the lines logged about connections refused before their
+// handshake are rate-limited (D11); a refused HELLO or REGISTER gets a reply that says why (D12).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -42,33 +51,53 @@ class IntakeHandler {
 
 class IntakeServer {
  public:
+  // `stall_limit`: how long a worker may leave the daemon's messages unread before it is
+  // disconnected. `worker_token`: written to WorkerTokenPath(socket_path) for the workers ("":
+  // no file).
   IntakeServer(std::string socket_path, int node_rank, IntakeHandler* handler,
-               std::chrono::milliseconds send_timeout);
+               std::chrono::milliseconds stall_limit, std::string worker_token = "");
   ~IntakeServer();
 
   // Creates the socket (refusing if another daemon serves it) and starts the thread.
   Status Start();
-  // Stops the thread, closes every connection and removes the socket file. Idempotent.
-  void Stop();
+  // Stops the thread, tells every greeted worker `why` (an error DONE of no round, which the
+  // client keeps as the job's error), closes every connection and removes the socket file.
+  // Idempotent.
+  void Stop(const Status& why = Aborted("the daemon is shutting down"));
   // One pass of the loop: waits up to `timeout` for events and handles them.
   void RunOnce(std::chrono::milliseconds timeout);
 
  private:
+  Status Bind();
   void Accept();
+  // At the open-file limit: answers one waiting connection with the reason, using the spare
+  // descriptor. False when nothing could be accepted.
+  bool RefuseForLackOfDescriptors();
+  void PauseAccepting();
   void HandleReadable(int fd);
+  void HandleMessage(int fd, const std::shared_ptr<WorkerSession>& session, const char* buf,
+                     size_t n, int num_fds);
+  void Reject(int fd, const std::shared_ptr<WorkerSession>& session, const char* buf, size_t n,
+              const Status& error);
+  void CloseStalled();
   void Close(int fd, const Status& reason);
+  void Watch(int fd, bool writable);
 
   const std::string socket_path_;
   const int node_rank_;
   IntakeHandler* const handler_;
-  const std::chrono::milliseconds send_timeout_;
+  const std::chrono::milliseconds stall_limit_;
+  const std::string worker_token_;
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
-  int wake_fd_ = -1;  // eventfd that interrupts epoll_wait on Stop
+  int wake_fd_ = -1;   // eventfd that interrupts epoll_wait on Stop
+  int spare_fd_ = -1;  // held back for answering connections at the open-file limit
+  bool wrote_token_ = false;
+  std::optional<std::chrono::steady_clock::time_point> paused_until_;  // accepting paused
   std::atomic<bool> stopping_{false};
   std::unordered_map<int, std::shared_ptr<WorkerSession>> sessions_;
   LogLimiter refused_log_;  // connections refused before their handshake
-  LogLimiter accept_log_;
+  LogLimiter accept_log_;   // accept failures and connections refused for lack of descriptors
   std::thread thread_;
 };
 

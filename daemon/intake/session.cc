@@ -1,5 +1,6 @@
 #include "daemon/intake/session.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -8,10 +9,28 @@
 
 namespace sparsync::intake {
 
-WorkerSession::~WorkerSession() { close(fd_); }
+WorkerSession::WorkerSession(int fd, WatchWritable watch_writable)
+    : fd_(fd), watch_writable_(std::move(watch_writable)) {}
+
+WorkerSession::~WorkerSession() {
+  {
+    std::lock_guard lock(send_mu_);
+    Discard();
+  }
+  close(fd_);
+}
 
 void WorkerSession::Shutdown() {
-  if (!shut_.exchange(true)) shutdown(fd_, SHUT_RDWR);
+  std::lock_guard lock(send_mu_);
+  if (shut_) return;
+  shut_ = true;
+  Discard();
+  shutdown(fd_, SHUT_RDWR);
+}
+
+Status WorkerSession::shutdown_reason() const {
+  std::lock_guard lock(send_mu_);
+  return broken_;
 }
 
 std::string WorkerSession::Describe(int node_rank) const {
@@ -19,8 +38,7 @@ std::string WorkerSession::Describe(int node_rank) const {
          ") on node " + std::to_string(node_rank);
 }
 
-Status WorkerSession::Send(const void* data, size_t size, int pass_fd) {
-  if (shut_) return Unavailable("the worker's connection is closed");
+int WorkerSession::TrySend(const void* data, size_t size, int pass_fd, int* err) {
   iovec iov{const_cast<void*>(data), size};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -36,14 +54,102 @@ Status WorkerSession::Send(const void* data, size_t size, int pass_fd) {
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
   }
-  std::lock_guard lock(send_mu_);
   while (true) {
-    ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
-    if (n == static_cast<ssize_t>(size)) return Status::Ok();
+    ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == static_cast<ssize_t>(size)) return 1;
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus("sending to a worker", errno);
-    return Internal("short send to a worker");
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    *err = n < 0 ? errno : EMSGSIZE;  // a datagram socket sends all or nothing
+    return -1;
   }
+}
+
+void WorkerSession::Discard() {
+  for (Waiting& w : outbox_) {
+    if (w.fd >= 0) close(w.fd);
+  }
+  outbox_.clear();
+  outbox_bytes_ = 0;
+  outbox_fds_ = 0;
+}
+
+void WorkerSession::Break(const Status& reason) {
+  if (broken_.ok()) broken_ = reason;
+  Discard();
+  if (watch_writable_ && !shut_) watch_writable_(fd_, false);
+  // The intake loop sees the connection end and closes it with broken_ as the reason.
+  shutdown(fd_, SHUT_RDWR);
+}
+
+Status WorkerSession::Send(const void* data, size_t size, int pass_fd) {
+  std::lock_guard lock(send_mu_);
+  if (shut_) return Unavailable("the worker's connection is closed");
+  if (!broken_.ok()) return broken_;
+  if (outbox_.empty()) {
+    int err = 0;
+    int sent = TrySend(data, size, pass_fd, &err);
+    if (sent == 1) return Status::Ok();
+    if (sent < 0) {
+      Status st = ErrnoStatus("sending to a worker", err);
+      Break(st);
+      return st;
+    }
+  }
+  if (outbox_bytes_ + size > kMaxOutboxBytes || (pass_fd >= 0 && outbox_fds_ >= kMaxOutboxFds)) {
+    Break(Unavailable("the worker does not read the daemon's messages: " +
+                      std::to_string(outbox_.size()) + " of them (" +
+                      std::to_string(outbox_bytes_) + " bytes, " + std::to_string(outbox_fds_) +
+                      " descriptors) wait for it"));
+    return broken_;
+  }
+  Waiting w;
+  w.bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + size);
+  if (pass_fd >= 0) {
+    w.fd = fcntl(pass_fd, F_DUPFD_CLOEXEC, 0);
+    if (w.fd < 0) {
+      Break(ErrnoStatus("keeping a descriptor for a worker that is not reading", errno));
+      return broken_;
+    }
+    ++outbox_fds_;
+  }
+  if (outbox_.empty()) {
+    progress_ = Clock::now();
+    if (watch_writable_) watch_writable_(fd_, true);
+  }
+  outbox_bytes_ += size;
+  outbox_.push_back(std::move(w));
+  return Status::Ok();
+}
+
+Status WorkerSession::Flush() {
+  std::lock_guard lock(send_mu_);
+  if (shut_) return Status::Ok();
+  if (!broken_.ok()) return broken_;
+  while (!outbox_.empty()) {
+    Waiting& w = outbox_.front();
+    int err = 0;
+    int sent = TrySend(w.bytes.data(), w.bytes.size(), w.fd, &err);
+    if (sent == 0) return Status::Ok();
+    if (sent < 0) {
+      Break(ErrnoStatus("sending to a worker", err));
+      return broken_;
+    }
+    if (w.fd >= 0) {
+      close(w.fd);
+      --outbox_fds_;
+    }
+    outbox_bytes_ -= w.bytes.size();
+    outbox_.pop_front();
+    progress_ = Clock::now();
+  }
+  if (watch_writable_) watch_writable_(fd_, false);
+  return Status::Ok();
+}
+
+WorkerSession::Clock::duration WorkerSession::Stalled(Clock::time_point now) const {
+  std::lock_guard lock(send_mu_);
+  if (outbox_.empty()) return Clock::duration::zero();
+  return now - progress_;
 }
 
 }  // namespace sparsync::intake

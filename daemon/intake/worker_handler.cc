@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/common/job_token.h"
 #include "daemon/intake/codec.h"
 #include "daemon/intake/done.h"
 
@@ -9,13 +10,14 @@ namespace sparsync::intake {
 
 WorkerHandler::WorkerHandler(pipeline::World world, std::string job_token, JobFailure* failure,
                              pipeline::TensorTable* table, device::DeviceIntake* device,
-                             ReportFn report)
+                             ReportFn report, std::shared_ptr<RegionBudget> budget)
     : world_(world),
       job_token_(std::move(job_token)),
       failure_(failure),
       table_(table),
       device_(device),
       report_(std::move(report)),
+      budget_(budget ? std::move(budget) : std::make_shared<RegionBudget>(0)),
       workers_(world.local_size) {}
 
 void WorkerHandler::OnHello(const std::shared_ptr<WorkerSession>& session,
@@ -30,11 +32,7 @@ void WorkerHandler::OnHello(const std::shared_ptr<WorkerSession>& session,
                                           " (restart the daemons to run again)");
   }
   // Compared in constant time: how much of the token matched must not show in the timing.
-  std::string token(hello.job_token, hello.token_len);
-  bool token_ok = token.size() == job_token_.size();
-  unsigned char diff = 0;
-  for (size_t i = 0; token_ok && i < token.size(); ++i) diff |= token[i] ^ job_token_[i];
-  if (!token_ok || diff) {
+  if (!TokensEqual(std::string_view(hello.job_token, hello.token_len), job_token_)) {
     return refuse(SPARSYNC_ERR_PERMISSION,
                   "wrong SPARSYNC_JOB_TOKEN: the worker's token differs from the daemon's");
   }
@@ -78,7 +76,7 @@ void WorkerHandler::OnRegister(const std::shared_ptr<WorkerSession>& session,
                                   std::to_string(meta->root_rank) + " but the job has " +
                                   std::to_string(world_.size()) + " workers"));
   }
-  auto created = SharedRegion::Create(meta->name, meta->Bytes());
+  auto created = SharedRegion::Create(meta->name, meta->Bytes(), budget_);
   if (!created.ok()) return refuse(created.status());
   // A CUDA tensor's buffer and events are opened first; if the registration is refused they
   // are closed again when `cuda` goes.

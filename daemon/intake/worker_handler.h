@@ -30,9 +30,11 @@ class WorkerHandler : public IntakeHandler {
  public:
   using ReportFn = std::function<void(negotiation::ReadyTensor)>;
 
-  // Everything outlives the handler. `device` may be null: CUDA tensors are refused.
+  // Everything outlives the handler. `device` may be null: CUDA tensors are refused. Every
+  // registered region counts against `budget` (null: a budget of the machine's memory).
   WorkerHandler(pipeline::World world, std::string job_token, JobFailure* failure,
-                pipeline::TensorTable* table, device::DeviceIntake* device, ReportFn report);
+                pipeline::TensorTable* table, device::DeviceIntake* device, ReportFn report,
+                std::shared_ptr<RegionBudget> budget = nullptr);
 
   // IntakeHandler
   void OnHello(const std::shared_ptr<WorkerSession>& session, const sparsync_hello& hello,
@@ -67,6 +69,7 @@ class WorkerHandler : public IntakeHandler {
   pipeline::TensorTable* const table_;
   device::DeviceIntake* const device_;
   const ReportFn report_;
+  const std::shared_ptr<RegionBudget> budget_;
   std::vector<std::weak_ptr<WorkerSession>> workers_;  // by local rank; intake thread only
   std::atomic<int> connected_{0};
   TimelineFn timeline_;

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "daemon/common/job_token.h"
+
 namespace sparsync::negotiation {
 
 CoordinatorCore::CoordinatorCore(CoordinatorOptions options, int local_size, std::string job_token)
@@ -41,10 +43,7 @@ void CoordinatorCore::Stop() {
 }
 
 bool CoordinatorCore::TokenMatches(const std::string& token) const {
-  if (token.size() != job_token_.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < token.size(); ++i) diff |= token[i] ^ job_token_[i];
-  return diff == 0;
+  return TokensEqual(token, job_token_);
 }
 
 void CoordinatorCore::SetCostModel(const planning::CostModel& cost) {
@@ -107,6 +106,7 @@ Status CoordinatorCore::Join(const JoinInfo& info, std::chrono::milliseconds tim
   if (info.node_rank < 0 || info.node_rank >= options_.num_nodes) {
     return InvalidArgument("node rank " + std::to_string(info.node_rank) + " out of range");
   }
+  if (!info.address.empty()) state_.SetAddress(info.node_rank, info.address);
   if (!joined_[info.node_rank]) {
     joined_[info.node_rank] = true;
     ++joined_count_;

@@ -36,6 +36,7 @@ class CoordinatorCore : public CoordinatorLink {
                                           std::chrono::milliseconds wait) override;
   Status Fail(int node, const Status& error) override;
   Status Leave(int node) override;
+  void Cancel() override { Stop(); }
 
   // The planner's cost model, measured at start-up; plans made before it is set use defaults.
   void SetCostModel(const planning::CostModel& cost);

@@ -18,6 +18,7 @@ struct JoinInfo {
   int node_rank = 0;
   int num_nodes = 1;
   int local_size = 1;
+  std::string address;  // the node's host as the coordinator sees it ("" in-process), for errors
 };
 
 class CoordinatorLink {
@@ -36,6 +37,9 @@ class CoordinatorLink {
                                                   std::chrono::milliseconds wait) = 0;
   virtual Status Fail(int node, const Status& error) = 0;
   virtual Status Leave(int node) = 0;
+  // The daemon is stopping: ends every call in flight at once and fails the later ones, so that
+  // no thread waits out an RPC deadline on the way down (issue 16, D9). Idempotent.
+  virtual void Cancel() {}
 };
 
 }  // namespace sparsync::negotiation

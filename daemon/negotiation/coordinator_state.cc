@@ -27,6 +27,7 @@ CoordinatorState::CoordinatorState(CoordinatorOptions options)
       last_poll_(options.num_nodes),
       acked_(options.num_nodes, 0),
       left_(options.num_nodes, false),
+      addresses_(options.num_nodes),
       merge_(options.merge, options.num_nodes) {}
 
 const TensorMeta* CoordinatorState::Meta(uint32_t slot) const {
@@ -186,8 +187,19 @@ void CoordinatorState::Fail(int node, const Status& error) {
 void CoordinatorState::Leave(int node) {
   if (node < 0 || node >= options_.num_nodes) return;
   left_[node] = true;
-  Fail(node, Aborted("the daemon of node " + std::to_string(node) +
-                     " shut down; restart the job"));
+  Fail(node, Aborted("the daemon of " + NodeName(node) + " shut down; restart the job"));
+}
+
+void CoordinatorState::SetAddress(int node, std::string address) {
+  if (node >= 0 && node < options_.num_nodes) addresses_[node] = std::move(address);
+}
+
+std::string CoordinatorState::NodeName(int node) const {
+  std::string name = "node " + std::to_string(node);
+  if (node >= 0 && node < options_.num_nodes && !addresses_[node].empty()) {
+    name += " (" + addresses_[node] + ")";
+  }
+  return name;
 }
 
 void CoordinatorState::Polled(int node, uint64_t after_seq, Clock::time_point now) {
@@ -246,13 +258,35 @@ std::vector<std::string> CoordinatorState::Tick(Clock::time_point now) {
                          std::to_string(static_cast<int>(Seconds(waited))) + " s");
     }
   }
+  // Nodes that stopped polling. When every other node went silent at once, the likely loss is
+  // this node's own network, and the message says so.
+  // Polls last up to half a second, so nodes cut off together fall silent up to that far apart.
+  const auto almost = options_.node_liveness - std::min<Clock::duration>(
+                                                   options_.node_liveness / 2, std::chrono::seconds(1));
+  std::vector<int> silent;
+  int watched = 0;
+  bool overdue = false;
   for (int n = 1; n < options_.num_nodes; ++n) {
     if (left_[n] || !last_poll_[n]) continue;
-    if (now - *last_poll_[n] > options_.node_liveness) {
-      Fail(-1, Unavailable("node " + std::to_string(n) + " has not contacted the coordinator for " +
-                           std::to_string(static_cast<int>(Seconds(now - *last_poll_[n]))) +
+    ++watched;
+    overdue = overdue || now - *last_poll_[n] > options_.node_liveness;
+    if (now - *last_poll_[n] > almost) silent.push_back(n);
+  }
+  if (overdue) {
+    const int seconds = static_cast<int>(Seconds(now - *last_poll_[silent.front()]));
+    if (silent.size() == 1) {
+      Fail(-1, Unavailable(NodeName(silent.front()) + " has not contacted the coordinator for " +
+                           std::to_string(seconds) +
                            " s: its daemon died or the network failed"));
-      break;
+    } else {
+      std::string names;
+      for (int n : silent) names += (names.empty() ? "" : ", ") + NodeName(n);
+      Fail(-1, Unavailable(
+                   names + " have not contacted the coordinator on node 0 for " +
+                   std::to_string(seconds) + " s: " +
+                   (static_cast<int>(silent.size()) == watched && watched > 1
+                        ? "node 0 lost its network, or their daemons died"
+                        : "their daemons died or the network failed")));
     }
   }
   return warnings;

@@ -58,6 +58,8 @@ class CoordinatorState {
   void Fail(int node, const Status& error);
   // A node's daemon is shutting down: fails the job unless it already failed.
   void Leave(int node);
+  // Where `node` joined from, to name it with its address in errors ("node 2 (10.0.0.3)").
+  void SetAddress(int node, std::string address);
   // Records that `node` polled (liveness) and has received entries up to `after_seq`.
   void Polled(int node, uint64_t after_seq, Clock::time_point now);
 
@@ -105,6 +107,7 @@ class CoordinatorState {
   void Flush();
   void Append(ScheduleEntry entry);
   std::string NodeList(const Pending& p, bool ready) const;
+  std::string NodeName(int node) const;  // "node N", with its address when known
 
   CoordinatorOptions options_;
   std::vector<TensorMeta> metas_;  // slot - 1 -> metadata
@@ -119,6 +122,7 @@ class CoordinatorState {
   std::vector<std::optional<Clock::time_point>> last_poll_;
   std::vector<uint64_t> acked_;
   std::vector<bool> left_;
+  std::vector<std::string> addresses_;  // by node, "" when unknown
   MergeScheduler merge_;
   Status fatal_;
 };

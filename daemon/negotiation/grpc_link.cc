@@ -3,25 +3,61 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
-#include <thread>
 
 #include "daemon/negotiation/coordinator_core.h"
 #include "daemon/negotiation/grpc_convert.h"
 
 namespace sparsync::negotiation {
 
+// Registers `ctx` for the duration of one call; refused once the link is cancelled.
+class GrpcCoordinatorLink::Call {
+ public:
+  Call(GrpcCoordinatorLink* link, grpc::ClientContext* ctx) : link_(link), ctx_(ctx) {
+    std::lock_guard lock(link_->calls_mu_);
+    admitted_ = !link_->cancelled_;
+    if (admitted_) link_->calls_.insert(ctx_);
+  }
+  ~Call() {
+    if (!admitted_) return;
+    std::lock_guard lock(link_->calls_mu_);
+    link_->calls_.erase(ctx_);
+  }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+  bool admitted() const { return admitted_; }
+
+ private:
+  GrpcCoordinatorLink* const link_;
+  grpc::ClientContext* const ctx_;
+  bool admitted_ = false;
+};
+
+namespace {
+Status ShuttingDown() { return Unavailable("this daemon is shutting down"); }
+// Fail and Leave are the last words of a failing or stopping daemon: they must not hold it up.
+constexpr std::chrono::milliseconds kTellTimeout(2000);
+}  // namespace
+
 GrpcCoordinatorLink::GrpcCoordinatorLink(const std::string& address, std::string job_token,
-                                         std::chrono::milliseconds rpc_timeout)
+                                         std::chrono::milliseconds rpc_timeout,
+                                         std::shared_ptr<grpc::ChannelCredentials> credentials)
     : address_(address), job_token_(std::move(job_token)), rpc_timeout_(rpc_timeout) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(address, std::move(credentials), args);
   stub_ = v1::Coordinator::NewStub(channel_);
 }
 
 GrpcCoordinatorLink::~GrpcCoordinatorLink() = default;
+
+void GrpcCoordinatorLink::Cancel() {
+  std::lock_guard lock(calls_mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+  cancelled_cv_.notify_all();
+}
 
 void GrpcCoordinatorLink::SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds d) const {
   ctx->set_deadline(std::chrono::system_clock::now() + d);
@@ -29,7 +65,13 @@ void GrpcCoordinatorLink::SetDeadline(grpc::ClientContext* ctx, std::chrono::mil
 
 Status GrpcCoordinatorLink::Check(const grpc::Status& status, const char* doing) const {
   // Every error names the address tried: a user's first question when a node cannot reach node 0.
-  return FromGrpc(status, std::string(doing) + " at " + address_);
+  const int rank = node_rank_.load();
+  const bool lost = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                    status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+  if (!lost || rank < 0) return FromGrpc(status, std::string(doing) + " at " + address_);
+  return FromGrpc(status, "node " + std::to_string(rank) + " lost the coordinator (node 0 at " +
+                              address_ + ": node 0 died, or the network between them failed) " +
+                              doing);
 }
 
 namespace {
@@ -46,14 +88,18 @@ Status GrpcCoordinatorLink::Join(const JoinInfo& info, std::chrono::milliseconds
   // Node 0 may not be up yet: wait for the channel, retrying until the deadline.
   auto deadline = std::chrono::steady_clock::now() + timeout;
   int attempt = 0;
+  std::string last_error;
   while (true) {
     grpc::ClientContext ctx;
+    Call call(this, &ctx);
+    if (!call.admitted()) return ShuttingDown();
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       return DeadlineExceeded("could not join the coordinator at " + address_ +
                               " (SPARSYNC_COORDINATOR) within " + Seconds(timeout) +
-                              "; is node 0 running?");
+                              "; is node 0 running?" +
+                              (last_error.empty() ? "" : " (last error: " + last_error + ")"));
     }
     SetDeadline(&ctx, left);
     ctx.set_wait_for_ready(true);
@@ -65,19 +111,27 @@ Status GrpcCoordinatorLink::Join(const JoinInfo& info, std::chrono::milliseconds
     req.set_local_size(info.local_size);
     v1::JoinResponse resp;
     grpc::Status st = stub_->Join(&ctx, req, &resp);
-    if (st.ok()) return Status::Ok();
+    if (st.ok()) {
+      node_rank_ = static_cast<int>(info.node_rank);
+      return Status::Ok();
+    }
     // The call waits for the channel, so a node 0 that is not there yet ends it at the deadline:
     // the loop's own message then says what to check.
     const bool unreachable = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
                              st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (st.error_code() == grpc::StatusCode::CANCELLED) return ShuttingDown();
     if (!unreachable) return Check(st, "joining the coordinator");
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE) last_error = st.error_message();
     if (++attempt % 10 == 1) spdlog::info("waiting for the coordinator at {}", address_);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // reconnect back-off
+    std::unique_lock lock(calls_mu_);  // the reconnect back-off, cut short by Cancel
+    cancelled_cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return cancelled_; });
   }
 }
 
 Status GrpcCoordinatorLink::StoreSet(const std::string& key, const std::string& value) {
   grpc::ClientContext ctx;
+  Call call(this, &ctx);
+  if (!call.admitted()) return ShuttingDown();
   SetDeadline(&ctx, rpc_timeout_);
   v1::StoreSetRequest req;
   req.set_job_token(job_token_);
@@ -90,6 +144,8 @@ Status GrpcCoordinatorLink::StoreSet(const std::string& key, const std::string& 
 Result<std::vector<std::string>> GrpcCoordinatorLink::StoreGet(const std::vector<std::string>& keys,
                                                                std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
+  Call call(this, &ctx);
+  if (!call.admitted()) return ShuttingDown();
   SetDeadline(&ctx, timeout + rpc_timeout_);
   v1::StoreGetRequest req;
   req.set_job_token(job_token_);
@@ -103,6 +159,8 @@ Result<std::vector<std::string>> GrpcCoordinatorLink::StoreGet(const std::vector
 Result<std::vector<uint32_t>> GrpcCoordinatorLink::Report(
     int node, const std::vector<TensorMeta>& new_tensors, const std::vector<ReportedReady>& ready) {
   grpc::ClientContext ctx;
+  Call call(this, &ctx);
+  if (!call.admitted()) return ShuttingDown();
   SetDeadline(&ctx, rpc_timeout_);
   v1::ReportRequest req;
   req.set_job_token(job_token_);
@@ -123,6 +181,8 @@ Result<std::vector<uint32_t>> GrpcCoordinatorLink::Report(
 Result<std::vector<ScheduleEntry>> GrpcCoordinatorLink::Poll(int node, uint64_t after_seq,
                                                              std::chrono::milliseconds wait) {
   grpc::ClientContext ctx;
+  Call call(this, &ctx);
+  if (!call.admitted()) return ShuttingDown();
   SetDeadline(&ctx, wait + rpc_timeout_);
   v1::PollRequest req;
   req.set_job_token(job_token_);
@@ -138,7 +198,9 @@ Result<std::vector<ScheduleEntry>> GrpcCoordinatorLink::Poll(int node, uint64_t 
 
 Status GrpcCoordinatorLink::Fail(int node, const Status& error) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, rpc_timeout_);
+  Call call(this, &ctx);
+  if (!call.admitted()) return ShuttingDown();
+  SetDeadline(&ctx, std::min(rpc_timeout_, kTellTimeout));
   v1::FailRequest req;
   req.set_job_token(job_token_);
   req.set_node_rank(node);
@@ -150,7 +212,9 @@ Status GrpcCoordinatorLink::Fail(int node, const Status& error) {
 
 Status GrpcCoordinatorLink::Leave(int node) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, std::chrono::seconds(2));
+  Call call(this, &ctx);
+  if (!call.admitted()) return ShuttingDown();
+  SetDeadline(&ctx, kTellTimeout);
   v1::LeaveRequest req;
   req.set_job_token(job_token_);
   req.set_node_rank(node);

@@ -3,7 +3,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "daemon/negotiation/coordinator_link.h"
@@ -15,9 +19,11 @@ namespace sparsync::negotiation {
 class GrpcCoordinatorLink : public CoordinatorLink {
  public:
   // `rpc_timeout`: deadline of the short calls (everything but Join, StoreGet and Poll, whose
-  // deadline follows their own wait).
+  // deadline follows their own wait). `credentials`: insecure or TLS (grpc_tls.h).
   GrpcCoordinatorLink(const std::string& address, std::string job_token,
-                      std::chrono::milliseconds rpc_timeout);
+                      std::chrono::milliseconds rpc_timeout,
+                      std::shared_ptr<grpc::ChannelCredentials> credentials =
+                          grpc::InsecureChannelCredentials());
   ~GrpcCoordinatorLink() override;
 
   Status Join(const JoinInfo& info, std::chrono::milliseconds timeout) override;
@@ -30,17 +36,25 @@ class GrpcCoordinatorLink : public CoordinatorLink {
                                           std::chrono::milliseconds wait) override;
   Status Fail(int node, const Status& error) override;
   Status Leave(int node) override;
+  void Cancel() override;
 
  private:
+  class Call;  // one RPC in flight, registered so that Cancel can end it
   void SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds d) const;
-  // FromGrpc with "`doing` at <address>".
+  // FromGrpc with "`doing` at <address>"; once joined, a lost connection names this node and
+  // node 0 ("node 2 lost the coordinator (node 0 at <address>) ...").
   Status Check(const grpc::Status& status, const char* doing) const;
 
   std::string address_;
   std::string job_token_;
+  std::atomic<int> node_rank_{-1};  // this node, once joined
   std::chrono::milliseconds rpc_timeout_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::mutex calls_mu_;
+  std::condition_variable cancelled_cv_;      // Join's back-off ends early on Cancel
+  std::set<grpc::ClientContext*> calls_;      // guarded by calls_mu_
+  bool cancelled_ = false;                    // guarded by calls_mu_
 };
 
 }  // namespace sparsync::negotiation

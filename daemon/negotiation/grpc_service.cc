@@ -2,114 +2,165 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "daemon/negotiation/grpc_convert.h"
 #include "sparsync/v1/coordinator.grpc.pb.h"
 
 namespace sparsync::negotiation {
 namespace {
-constexpr uint32_t kMaxPollWaitMs = 5000;
+constexpr auto kMaxPollWait = std::chrono::milliseconds(5000);
+constexpr auto kMaxStoreWait = std::chrono::milliseconds(600000);
 const grpc::Status kBadToken(grpc::StatusCode::PERMISSION_DENIED, "wrong SPARSYNC_JOB_TOKEN");
+
+std::chrono::milliseconds Millis(uint32_t ms, std::chrono::milliseconds cap) {
+  return std::min(std::chrono::milliseconds(ms), cap);
+}
+
 }  // namespace
+
+std::string PeerHost(const std::string& peer) {
+  const size_t scheme = peer.find(':');
+  if (scheme == std::string::npos) return "";
+  std::string rest = peer.substr(scheme + 1);
+  if (!rest.empty() && rest.front() == '[') {
+    const size_t close = rest.find(']');
+    return close == std::string::npos ? "" : rest.substr(1, close - 1);
+  }
+  const size_t port = rest.rfind(':');
+  return port == std::string::npos ? rest : rest.substr(0, port);
+}
+
+CoordinatorHandlers::CoordinatorHandlers(CoordinatorCore* core, std::chrono::milliseconds max_wait)
+    : core_(core), max_wait_(max_wait) {}
+
+grpc::Status CoordinatorHandlers::Join(const v1::JoinRequest& req, std::chrono::milliseconds wait,
+                                       const std::string& peer) {
+  JoinInfo info{req.protocol_version(), req.job_token(), static_cast<int>(req.node_rank()),
+                static_cast<int>(req.num_nodes()), static_cast<int>(req.local_size()),
+                PeerHost(peer)};
+  return ToGrpc(core_->Join(info, std::clamp(wait, std::chrono::milliseconds(0),
+                                             std::chrono::milliseconds(3600000))));
+}
+
+grpc::Status CoordinatorHandlers::StoreSet(const v1::StoreSetRequest& req) {
+  if (!core_->TokenMatches(req.job_token())) return kBadToken;
+  return ToGrpc(core_->StoreSet(req.key(), req.value()));
+}
+
+grpc::Status CoordinatorHandlers::StoreGet(const v1::StoreGetRequest& req,
+                                           v1::StoreGetResponse* resp) {
+  if (!core_->TokenMatches(req.job_token())) return kBadToken;
+  std::vector<std::string> keys(req.keys().begin(), req.keys().end());
+  auto values = core_->StoreGet(keys, Millis(req.wait_ms(), std::min(kMaxStoreWait, max_wait_)));
+  if (!values.ok()) return ToGrpc(values.status());
+  for (auto& v : *values) resp->add_values(std::move(v));
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorHandlers::Report(const v1::ReportRequest& req, v1::ReportResponse* resp) {
+  if (!core_->TokenMatches(req.job_token())) return kBadToken;
+  std::vector<TensorMeta> metas;
+  for (const auto& m : req.new_tensors()) {
+    auto meta = FromProto(m);
+    if (!meta.ok()) {
+      return ToGrpc(meta.status().WithContext("node " + std::to_string(req.node_rank())));
+    }
+    metas.push_back(std::move(*meta));
+  }
+  std::vector<ReportedReady> ready;
+  for (const auto& r : req.ready()) {
+    ReportedReady rr;
+    if (r.ref_case() == v1::ReadyTensor::kSlot) rr.slot = r.slot();
+    if (r.ref_case() == v1::ReadyTensor::kNewIndex) rr.new_index = r.new_index();
+    rr.worker_dim0.assign(r.worker_dim0().begin(), r.worker_dim0().end());
+    rr.ready_ns = r.ready_ns();
+    ready.push_back(std::move(rr));
+  }
+  auto slots = core_->Report(static_cast<int>(req.node_rank()), metas, ready);
+  if (!slots.ok()) return ToGrpc(slots.status());
+  for (uint32_t s : *slots) resp->add_new_slots(s);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorHandlers::Poll(const v1::PollRequest& req, v1::PollResponse* resp) {
+  if (!core_->TokenMatches(req.job_token())) return kBadToken;
+  auto entries = core_->Poll(static_cast<int>(req.node_rank()), req.after_seq(),
+                             Millis(req.wait_ms(), std::min(kMaxPollWait, max_wait_)));
+  if (!entries.ok()) return ToGrpc(entries.status());
+  for (const auto& e : *entries) ToProto(e, resp->add_entries());
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorHandlers::Fail(const v1::FailRequest& req) {
+  if (!core_->TokenMatches(req.job_token())) return kBadToken;
+  uint32_t code = req.code();
+  Status error(code >= 1 && code <= 7 ? static_cast<StatusCode>(code) : StatusCode::kAborted,
+               req.message().empty() ? "node " + std::to_string(req.node_rank()) + " failed"
+                                     : req.message());
+  spdlog::error("node {} reports a failure: {}", req.node_rank(), error.message());
+  return ToGrpc(core_->Fail(static_cast<int>(req.node_rank()), error));
+}
+
+grpc::Status CoordinatorHandlers::Leave(const v1::LeaveRequest& req) {
+  if (!core_->TokenMatches(req.job_token())) return kBadToken;
+  return ToGrpc(core_->Leave(static_cast<int>(req.node_rank())));
+}
 
 class CoordinatorServer::Service final : public v1::Coordinator::Service {
  public:
-  explicit Service(CoordinatorCore* core) : core_(core) {}
+  explicit Service(CoordinatorCore* core) : handlers_(core, std::chrono::hours(1)) {}
 
   grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
                     v1::JoinResponse*) override {
-    JoinInfo info{req->protocol_version(), req->job_token(), static_cast<int>(req->node_rank()),
-                  static_cast<int>(req->num_nodes()), static_cast<int>(req->local_size())};
     auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
         ctx->deadline() - std::chrono::system_clock::now());
-    remaining = std::clamp(remaining, std::chrono::milliseconds(0), std::chrono::milliseconds(3600000));
-    return ToGrpc(core_->Join(info, remaining));
+    return handlers_.Join(*req, remaining, ctx->peer());
   }
-
   grpc::Status StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* req,
                         v1::StoreSetResponse*) override {
-    if (!core_->TokenMatches(req->job_token())) return kBadToken;
-    return ToGrpc(core_->StoreSet(req->key(), req->value()));
+    return handlers_.StoreSet(*req);
   }
-
   grpc::Status StoreGet(grpc::ServerContext*, const v1::StoreGetRequest* req,
                         v1::StoreGetResponse* resp) override {
-    if (!core_->TokenMatches(req->job_token())) return kBadToken;
-    std::vector<std::string> keys(req->keys().begin(), req->keys().end());
-    auto values = core_->StoreGet(keys, std::chrono::milliseconds(std::min(req->wait_ms(), 600000u)));
-    if (!values.ok()) return ToGrpc(values.status());
-    for (auto& v : *values) resp->add_values(std::move(v));
-    return grpc::Status::OK;
+    return handlers_.StoreGet(*req, resp);
   }
-
   grpc::Status Report(grpc::ServerContext*, const v1::ReportRequest* req,
                       v1::ReportResponse* resp) override {
-    if (!core_->TokenMatches(req->job_token())) return kBadToken;
-    std::vector<TensorMeta> metas;
-    for (const auto& m : req->new_tensors()) {
-      auto meta = FromProto(m);
-      if (!meta.ok()) {
-        return ToGrpc(meta.status().WithContext("node " + std::to_string(req->node_rank())));
-      }
-      metas.push_back(std::move(*meta));
-    }
-    std::vector<ReportedReady> ready;
-    for (const auto& r : req->ready()) {
-      ReportedReady rr;
-      if (r.ref_case() == v1::ReadyTensor::kSlot) rr.slot = r.slot();
-      if (r.ref_case() == v1::ReadyTensor::kNewIndex) rr.new_index = r.new_index();
-      rr.worker_dim0.assign(r.worker_dim0().begin(), r.worker_dim0().end());
-      rr.ready_ns = r.ready_ns();
-      ready.push_back(std::move(rr));
-    }
-    auto slots = core_->Report(static_cast<int>(req->node_rank()), metas, ready);
-    if (!slots.ok()) return ToGrpc(slots.status());
-    for (uint32_t s : *slots) resp->add_new_slots(s);
-    return grpc::Status::OK;
+    return handlers_.Report(*req, resp);
   }
-
   grpc::Status Poll(grpc::ServerContext*, const v1::PollRequest* req,
                     v1::PollResponse* resp) override {
-    if (!core_->TokenMatches(req->job_token())) return kBadToken;
-    auto entries = core_->Poll(static_cast<int>(req->node_rank()), req->after_seq(),
-                               std::chrono::milliseconds(std::min(req->wait_ms(), kMaxPollWaitMs)));
-    if (!entries.ok()) return ToGrpc(entries.status());
-    for (const auto& e : *entries) ToProto(e, resp->add_entries());
-    return grpc::Status::OK;
+    return handlers_.Poll(*req, resp);
   }
-
   grpc::Status Fail(grpc::ServerContext*, const v1::FailRequest* req,
                     v1::FailResponse*) override {
-    if (!core_->TokenMatches(req->job_token())) return kBadToken;
-    uint32_t code = req->code();
-    Status error(code >= 1 && code <= 7 ? static_cast<StatusCode>(code) : StatusCode::kAborted,
-                 req->message());
-    spdlog::error("node {} reports a failure: {}", req->node_rank(), req->message());
-    return ToGrpc(core_->Fail(static_cast<int>(req->node_rank()), error));
+    return handlers_.Fail(*req);
   }
-
   grpc::Status Leave(grpc::ServerContext*, const v1::LeaveRequest* req,
                      v1::LeaveResponse*) override {
-    if (!core_->TokenMatches(req->job_token())) return kBadToken;
-    return ToGrpc(core_->Leave(static_cast<int>(req->node_rank())));
+    return handlers_.Leave(*req);
   }
 
  private:
-  CoordinatorCore* core_;
+  CoordinatorHandlers handlers_;
 };
 
-CoordinatorServer::CoordinatorServer(CoordinatorCore* core)
-    : service_(std::make_unique<Service>(core)) {}
+CoordinatorServer::CoordinatorServer(CoordinatorCore* core,
+                                     std::shared_ptr<grpc::ServerCredentials> credentials)
+    : service_(std::make_unique<Service>(core)), credentials_(std::move(credentials)) {}
 
 CoordinatorServer::~CoordinatorServer() { Stop(); }
 
 Status CoordinatorServer::Start(const std::string& address) {
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, credentials_, &port);
   builder.RegisterService(service_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
   server_ = builder.BuildAndStart();
+  port_ = port;
   if (!server_ || port == 0) {
     return Unavailable("cannot serve the coordinator on " + address +
                        " (SPARSYNC_COORDINATOR): the port is in use or the address is not local");

@@ -107,7 +107,10 @@ void NodeAgent::SendReports(std::vector<ReadyTensor> batch) {
 }
 
 void NodeAgent::PollLoop() {
-  auto failing_since = std::chrono::steady_clock::now();
+  // The coordinator is lost when nothing has come from it for give_up_after_, counted from the
+  // last answer: a poll that hangs until its deadline counts (a cut link), not only polls that
+  // fail at once (a closed port).
+  auto last_answer = std::chrono::steady_clock::now();
   bool failing = false;
   std::unique_lock lock(mu_);
   while (!stopping_) {
@@ -120,12 +123,12 @@ void NodeAgent::PollLoop() {
       auto now = std::chrono::steady_clock::now();
       if (!failing) {
         failing = true;
-        failing_since = now;
         spdlog::warn("coordinator poll failed: {}", entries.status().message());
       }
-      if (now - failing_since > give_up_after_) {
+      if (now - last_answer > give_up_after_) {
         lock.unlock();
-        FailUnreported(Unavailable("lost the coordinator on node 0: " +
+        FailUnreported(Unavailable("node " + std::to_string(node_rank_) +
+                                   " lost the coordinator on node 0: " +
                                    entries.status().message()));
         return;  // nothing more will come from it
       }
@@ -133,6 +136,7 @@ void NodeAgent::PollLoop() {
       continue;
     }
     failing = false;
+    last_answer = std::chrono::steady_clock::now();
     const int64_t received_ns = SteadyNs();
     for (auto& e : *entries) {
       if (e.seq <= received_seq_) continue;
@@ -257,7 +261,8 @@ std::vector<ScheduleEntry> NodeAgent::Receive(std::chrono::milliseconds wait) {
 }
 
 void NodeAgent::OnFailure(const Status& error, JobFailure::Source source) {
-  if (source != JobFailure::Source::kLocal) return;
+  // A daemon that stops tells the others too: their collectives with it cannot finish.
+  if (source != JobFailure::Source::kLocal && source != JobFailure::Source::kShutdown) return;
   Status st = link_->Fail(node_rank_, error);
   if (!st.ok()) {
     spdlog::error("could not tell the coordinator about the failure: {}", st.message());

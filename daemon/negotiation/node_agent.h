@@ -46,7 +46,8 @@ class NodeAgent {
   // The next schedule entries, in order, with every group tensor's name filled in; waits up to
   // `wait` (may return none). Called by the executor's stage A only.
   std::vector<ScheduleEntry> Next(std::chrono::milliseconds wait);
-  // The JobFailure observer: a failure of this node's (kLocal) goes to the coordinator.
+  // The JobFailure observer: a failure of this node's (kLocal), or its shutdown, goes to the
+  // coordinator.
   void OnFailure(const Status& error, JobFailure::Source source);
   void Leave();
 

@@ -88,7 +88,8 @@ sparsync_status sparsync_connect_with_options(const sparsync_connect_options* op
         }
         ConnectOptions o;
         o.socket_path = options->socket_path ? options->socket_path : "";
-        o.job_token = options->job_token ? options->job_token : "";
+        if (options->job_token != nullptr) o.job_token = options->job_token;
+        o.job_token_file = options->job_token_file ? options->job_token_file : "";
         o.local_rank = options->local_rank;
         o.timeout_s = options->timeout_s;
         o.cuda_runtime = options->cuda_runtime ? options->cuda_runtime : "";

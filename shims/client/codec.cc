@@ -137,8 +137,13 @@ Status Decode(const void* data, size_t size, Incoming* out) {
     return Status(SPARSYNC_ERR_INVALID, "malformed message: " + std::to_string(size) + " bytes");
   }
   memcpy(&h, data, sizeof(h));
-  if (h.magic != SPARSYNC_INTAKE_MAGIC || h.version != SPARSYNC_INTAKE_VERSION || h.size != size ||
-      h.reserved != 0) {
+  if (h.magic == SPARSYNC_INTAKE_MAGIC && h.version != SPARSYNC_INTAKE_VERSION) {
+    return Status(SPARSYNC_ERR_PERMISSION,
+                  "sparsyncd speaks intake protocol version " + std::to_string(h.version) +
+                      ", this client library version " + std::to_string(SPARSYNC_INTAKE_VERSION) +
+                      ": use the sparsync of the daemon's version");
+  }
+  if (h.magic != SPARSYNC_INTAKE_MAGIC || h.size != size || h.reserved != 0) {
     return Status(SPARSYNC_ERR_INVALID,
                   "malformed message header (magic, version " + std::to_string(h.version) +
                       ", size " + std::to_string(h.size) + " of " + std::to_string(size) + ")");

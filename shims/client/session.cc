@@ -47,6 +47,10 @@ Status Session::Connect(const ConnectOptions& options, std::unique_ptr<Session>*
     // The daemon creates its socket once the cluster has formed; nothing announces it.
     std::this_thread::sleep_for(kConnectRetry);
   }
+  if (e.foreign) {
+    return Status(SPARSYNC_ERR_PERMISSION,
+                  "refusing sparsyncd at '" + options.socket_path + "': " + e.message);
+  }
   if (!e.ok) {
     double waited = std::chrono::duration<double>(Clock::now() - start).count();
     return Status(SPARSYNC_ERR_UNAVAILABLE,
@@ -63,19 +67,50 @@ Status Session::Connect(const ConnectOptions& options, std::unique_ptr<Session>*
     CloseFd(fd);
     throw;
   }
+  std::string token;
+  if (Status s = session->ResolveToken(&token); !s.ok()) return s;
   double left = std::chrono::duration<double>(deadline - Clock::now()).count();
-  if (Status s = session->Handshake(left); !s.ok()) return s;
+  if (Status s = session->Handshake(token, left); !s.ok()) return s;
   *out = std::move(session);
   return Status::Ok();
 }
 
 Session::~Session() { CloseFd(fd_); }
 
-void Session::MarkBroken(const std::string& reason) {
+Status Session::ResolveToken(std::string* token) const {
+  if (options_.job_token) {
+    *token = *options_.job_token;
+    return Status::Ok();
+  }
+  const bool given = !options_.job_token_file.empty();
+  const std::string path = given ? options_.job_token_file : options_.socket_path + ".token";
+  bool missing = false;
+  IoError e = ReadTokenFile(path, token, &missing);
+  if (e.ok) return Status::Ok();
+  if (missing && !given) {
+    return Status(SPARSYNC_ERR_PERMISSION,
+                  "no job token: SPARSYNC_JOB_TOKEN and SPARSYNC_JOB_TOKEN_FILE are not set, and "
+                  "sparsyncd at '" + options_.socket_path + "' left none in " + path);
+  }
+  return Status(SPARSYNC_ERR_PERMISSION, e.message);
+}
+
+std::string Session::Daemon() const {
+  const std::string where = "at '" + options_.socket_path + "'";
+  if (world_.size == 0) return "sparsyncd " + where;
+  return "sparsyncd of node " + std::to_string(world_.node_rank) + " " + where;
+}
+
+void Session::MarkBroken(const std::string& reason, bool closed) {
   if (broken_) return;
   broken_ = true;
-  broken_reason_ = "connection to sparsyncd at '" + options_.socket_path + "' lost: " + reason;
-  if (!job_error_.empty()) broken_reason_ += " (last error from the daemon: " + job_error_ + ")";
+  broken_reason_ = "connection to " + Daemon() + " lost: " + reason;
+  if (job_error_.failed()) {
+    broken_reason_ += " (last error from the daemon: " + job_error_.message + ")";
+  } else if (closed && world_.size != 0) {
+    broken_reason_ += " (the daemon of node " + std::to_string(world_.node_rank) +
+                      " died or was stopped)";
+  }
   cv_.notify_all();
 }
 
@@ -83,7 +118,10 @@ Status Session::Send(const void* msg, size_t bytes) {
   if (broken_) return Broken();
   IoError e = SendDatagram(fd_, msg, bytes);
   if (!e.ok) {
-    MarkBroken(e.message);
+    // The daemon closed the connection: what it sent before (its reason, as a job error) is
+    // still queued here unless a waiting thread is receiving it now.
+    if (e.closed && !reading_) DrainQueued();
+    MarkBroken(e.message, e.closed);
     return Broken();
   }
   return Status::Ok();
@@ -93,8 +131,7 @@ Status Session::WaitUntil(Lock& lock, const std::function<bool()>& satisfied,
                           Clock::time_point deadline, double timeout_s, const std::string& what) {
   auto timeout = [&] {
     return Status(SPARSYNC_ERR_TIMEOUT, "timed out after " + Seconds(timeout_s) +
-                                            " s waiting for " + what + " from sparsyncd at '" +
-                                            options_.socket_path + "'");
+                                            " s waiting for " + what + " from " + Daemon());
   };
   while (!satisfied()) {
     if (broken_) return Broken();
@@ -121,12 +158,23 @@ Status Session::WaitUntil(Lock& lock, const std::function<bool()>& satisfied,
       return timeout();
     }
     if (!e.ok) {
-      MarkBroken(e.message);
+      MarkBroken(e.message, e.closed);
       return Broken();
     }
     Dispatch(buf, n, &fds);
   }
   return Status::Ok();
+}
+
+void Session::DrainQueued() {
+  for (int i = 0; i < 64 && !broken_; ++i) {
+    alignas(8) char buf[SPARSYNC_MAX_MESSAGE_BYTES];
+    size_t n = 0;
+    ReceivedFds fds;
+    IoError e = ReceiveDatagram(fd_, buf, sizeof(buf), Clock::now(), &n, &fds);
+    if (!e.ok) return;  // nothing more queued (or the end of the connection)
+    Dispatch(buf, n, &fds);
+  }
 }
 
 void Session::Dispatch(const char* buf, size_t n, ReceivedFds* fds) {
@@ -149,10 +197,10 @@ void Session::Dispatch(const char* buf, size_t n, ReceivedFds* fds) {
   if (!applied.ok()) MarkBroken(applied.message());
 }
 
-Status Session::Handshake(double timeout_s) {
+Status Session::Handshake(const std::string& token, double timeout_s) {
   Lock lock(mu_);
   sparsync_hello m;
-  if (Status s = EncodeHello(options_.job_token, options_.local_rank, &m); !s.ok()) return s;
+  if (Status s = EncodeHello(token, options_.local_rank, &m); !s.ok()) return s;
   if (Status s = Send(&m, sizeof(m)); !s.ok()) return s;
   double wait_s = std::max(timeout_s, kMinHandshakeS);
   if (Status s = WaitUntil(
@@ -287,11 +335,13 @@ Status Session::WaitDone(uint32_t id, double timeout_s, const device::CudaStream
     return Status(SPARSYNC_ERR_INVALID, "wait_done: tensor '" + t->name + "' was never posted");
   }
   const std::string name = t->name;
+  // Once the daemon reported the job's failure, no result will come: every wait ends with it
+  // (issue 16, D4), also for a round whose own answer is still on its way.
   Status s = WaitUntil(
       lock,
       [&] {
         Tensor* now = registry_.Find(id);
-        return now == nullptr || !now->in_flight();
+        return now == nullptr || !now->in_flight() || job_error_.failed();
       },
       DeadlineAfter(timeout_s), timeout_s, "the result of tensor '" + name + "'");
   if (!s.ok()) return s;
@@ -299,12 +349,15 @@ Status Session::WaitDone(uint32_t id, double timeout_s, const device::CudaStream
   if (t == nullptr) {
     return Status(SPARSYNC_ERR_INVALID, "tensor '" + name + "' was unregistered while waiting");
   }
-  if (t->status == SPARSYNC_ERR_TIMEOUT) {
-    // The daemon's own deadline (SPARSYNC_TIMEOUT_S: a tensor or node missing elsewhere) failed
-    // the job. Returned as TIMEOUT it would read as this wait's deadline, which callers that
-    // wait in slices retry until their own limit, losing the daemon's explanation.
-    return Status(SPARSYNC_ERR_ABORTED, t->message);
-  }
+  // The daemon's own deadline (SPARSYNC_TIMEOUT_S: a tensor or node missing elsewhere) failed
+  // the job. Returned as TIMEOUT it would read as this wait's deadline, which callers that wait
+  // in slices retry until their own limit, losing the daemon's explanation: it is ABORTED.
+  auto failed = [](int status, const std::string& message) {
+    return Status(status == SPARSYNC_ERR_TIMEOUT ? SPARSYNC_ERR_ABORTED : ToStatus(status),
+                  message);
+  };
+  if (t->in_flight()) return failed(job_error_.status, job_error_.message);
+  if (t->status == SPARSYNC_ERR_TIMEOUT) return failed(t->status, t->message);
   if (t->status != SPARSYNC_OK) return Status(ToStatus(t->status), t->message);
   std::string error;
   if (t->cuda && !t->cuda->StreamWaitDone(*stream, &error)) {

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -28,7 +29,10 @@ namespace sparsync::client {
 
 struct ConnectOptions {
   std::string socket_path;
-  std::string job_token;
+  // nullopt: read from job_token_file, or when that is empty from the file the daemon leaves
+  // beside its socket (<socket_path>.token), after the listener's user is checked.
+  std::optional<std::string> job_token;
+  std::string job_token_file;
   uint32_t local_rank = 0;
   double timeout_s = 0;      // keep retrying to connect this long (the daemon may be starting)
   std::string cuda_runtime;  // for CUDA tensors; empty: the default search of LoadCudaRuntime
@@ -80,14 +84,21 @@ class Session {
   using Lock = std::unique_lock<std::mutex>;
   Session(int fd, ConnectOptions options) : fd_(fd), options_(std::move(options)) {}
 
-  Status Handshake(double timeout_s);
+  // The token to present: options_.job_token, or read from its file.
+  Status ResolveToken(std::string* token) const;
+  Status Handshake(const std::string& token, double timeout_s);
+  // "sparsyncd of node N at 'path'" once the handshake named the node, else "sparsyncd at 'path'".
+  std::string Daemon() const;
   Status Broken() const { return Status(SPARSYNC_ERR_UNAVAILABLE, broken_reason_); }
-  void MarkBroken(const std::string& reason);
+  // `closed`: the daemon's end of the connection went away (not a protocol violation).
+  void MarkBroken(const std::string& reason, bool closed = false);
   Status Send(const void* msg, size_t bytes);
   // Receives until `satisfied()` holds or `deadline` passes; `what` names the wait in errors.
   Status WaitUntil(Lock& lock, const std::function<bool()>& satisfied, Clock::time_point deadline,
                    double timeout_s, const std::string& what);
   void Dispatch(const char* buf, size_t n, ReceivedFds* fds);
+  // Applies the messages already queued on the socket, without waiting (after a failed send).
+  void DrainQueued();
   // The registered tensor `id` for call `what`; INVALID when it is not registered.
   Status Find(uint32_t id, const char* what, Tensor** out);
   // INVALID unless the tensor's memory kind matches the call: CUDA tensors use the _cuda calls.
@@ -101,7 +112,7 @@ class Session {
   bool reading_ = false;  // a thread is receiving (the leader)
   bool broken_ = false;
   std::string broken_reason_;
-  std::string job_error_;  // last error DONE that named no round in flight
+  JobError job_error_;  // last error DONE that named no round in flight: the job failed
   sparsync_world world_{};
   bool hello_arrived_ = false;
   sparsync_hello_reply hello_reply_{};

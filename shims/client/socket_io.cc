@@ -1,6 +1,9 @@
 #include "shims/client/socket_io.h"
 
+#include "proto/intake/wire.h"
+
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -56,7 +59,52 @@ IoError ConnectUnix(const std::string& path, int* fd, bool* retryable) {
     *retryable = err == ENOENT || err == ECONNREFUSED || err == EAGAIN || err == EINTR;
     return Fail(Errno("connect", err));
   }
+  ucred peer{};
+  socklen_t len = sizeof(peer);
+  if (::getsockopt(s, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+    int err = errno;
+    ::close(s);
+    return Fail(Errno("checking who listens on the socket (SO_PEERCRED)", err));
+  }
+  if (peer.uid != ::geteuid() && peer.uid != 0) {
+    ::close(s);
+    IoError e = Fail("the process listening there (pid " + std::to_string(peer.pid) +
+                     ") runs as uid " + std::to_string(peer.uid) + ", not as this worker's uid " +
+                     std::to_string(::geteuid()) +
+                     ": not sending it the job token (another user may have taken the path)");
+    e.foreign = true;
+    return e;
+  }
   *fd = s;
+  return IoError::Ok();
+}
+
+IoError ReadTokenFile(const std::string& path, std::string* token, bool* missing) {
+  *missing = false;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    *missing = errno == ENOENT;
+    return Fail(Errno(("opening the job token file " + path).c_str(), errno));
+  }
+  struct stat st {};
+  char buf[SPARSYNC_MAX_TOKEN_BYTES + 3];
+  ssize_t n = -1;
+  std::string problem;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    problem = "is not a regular file";
+  } else if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+    problem = "must belong to this user and be readable by nobody else (chmod 600)";
+  } else if ((n = ::read(fd, buf, sizeof(buf))) < 0) {
+    problem = strerror(errno);
+  }
+  ::close(fd);
+  std::string text = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  if (problem.empty() && (text.empty() || text.size() > SPARSYNC_MAX_TOKEN_BYTES)) {
+    problem = "must hold a token of 1 to " + std::to_string(SPARSYNC_MAX_TOKEN_BYTES) + " bytes";
+  }
+  if (!problem.empty()) return Fail("the job token file " + path + " " + problem);
+  *token = text;
   return IoError::Ok();
 }
 

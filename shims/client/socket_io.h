@@ -17,6 +17,7 @@ struct IoError {
   bool ok = true;
   bool closed = false;     // the peer closed the connection (or reset it)
   bool timed_out = false;  // the deadline passed before anything arrived
+  bool foreign = false;    // ConnectUnix: the listener runs as another user
   std::string message;     // empty when ok
   static IoError Ok() { return {}; }
 };
@@ -38,8 +39,14 @@ class ReceivedFds {
 };
 
 // Connects a SOCK_SEQPACKET Unix socket to `path`. On success *fd is the connected socket
-// (close-on-exec). `retryable` is set when the daemon may simply not be up yet.
+// (close-on-exec). `retryable` is set when the daemon may simply not be up yet. The listener must
+// run as this process's user (or as root), checked with SO_PEERCRED before anything is sent:
+// another local user who took the path must not receive the job token (issue 16, D1).
 IoError ConnectUnix(const std::string& path, int* fd, bool* retryable);
+
+// Reads the job token from `path`: a regular file of this user's that nobody else may read, its
+// first line, 1 to SPARSYNC_MAX_TOKEN_BYTES bytes. `missing` is set when there is no such file.
+IoError ReadTokenFile(const std::string& path, std::string* token, bool* missing);
 
 // Sends one datagram; never raises SIGPIPE.
 IoError SendDatagram(int fd, const void* data, size_t bytes);

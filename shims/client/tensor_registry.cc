@@ -93,23 +93,25 @@ Status TensorRegistry::OnRegisterReply(const sparsync_register_reply& m, Receive
   return MapOnly(fds, m.region_bytes, &p.region);
 }
 
-Status TensorRegistry::OnDone(const sparsync_done& m, ReceivedFds* fds, std::string* job_error) {
+Status TensorRegistry::OnDone(const sparsync_done& m, ReceivedFds* fds, JobError* job_error) {
   std::string message = BoundedString(m.message, sizeof(m.message));
+  if (m.status != SPARSYNC_OK && !job_error->failed()) {
+    job_error->status = ToStatus(m.status);
+    job_error->message = message.empty() ? std::string("sparsyncd reported ") +
+                                               StatusName(m.status)
+                                         : message;
+  }
   auto it = tensors_.find(m.tensor_id);
   const bool retired = retired_.count(m.tensor_id) != 0;
   if (it == tensors_.end() || retired) {
-    if (m.status != SPARSYNC_OK) {
-      *job_error = message;
-      return Status::Ok();
-    }
+    if (m.status != SPARSYNC_OK) return Status::Ok();  // the job's error, kept above
     if (retired) return Status::Ok();  // a late DONE of an unregistered tensor
     return Violation("DONE for unknown tensor id " + std::to_string(m.tensor_id));
   }
   Tensor& t = it->second;
   if (m.round <= t.done || m.round > t.posted) {
     if (m.status != SPARSYNC_OK && fds->size() == 0) {
-      *job_error = message;  // a job-wide error delivered to a tensor with nothing in flight
-      return Status::Ok();
+      return Status::Ok();  // a job-wide error delivered to a tensor with nothing in flight
     }
     return Violation("DONE for tensor '" + t.name + "' round " + std::to_string(m.round) +
                      ", but rounds " + std::to_string(t.done + 1) + ".." +

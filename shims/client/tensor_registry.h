@@ -33,6 +33,14 @@ struct Tensor {
   bool in_flight() const { return done != posted; }
 };
 
+// A failure the daemon reported for the whole job (a DONE error of no round in flight). Every
+// error DONE means the job failed: the daemon fails every collective with its first error.
+struct JobError {
+  int32_t status = SPARSYNC_OK;
+  std::string message;
+  bool failed() const { return status != SPARSYNC_OK; }
+};
+
 // What a registration does with the region descriptor of its REGISTER_REPLY.
 enum class RegionUse {
   kMap,       // host tensors: the library maps the buffer
@@ -74,9 +82,9 @@ class TensorRegistry {
   // Applies a REGISTER_REPLY and the descriptors that came with it. An error: the daemon broke
   // the protocol (the connection is unusable).
   Status OnRegisterReply(const sparsync_register_reply& m, ReceivedFds* fds);
-  // Applies a DONE and its descriptors. A failure that belongs to no round in flight (the job
-  // failed) sets *job_error instead. An error: the daemon broke the protocol.
-  Status OnDone(const sparsync_done& m, ReceivedFds* fds, std::string* job_error);
+  // Applies a DONE and its descriptors. A failure sets *job_error (the job failed), also when it
+  // belongs to no round in flight. An error: the daemon broke the protocol.
+  Status OnDone(const sparsync_done& m, ReceivedFds* fds, JobError* job_error);
 
  private:
   uint32_t next_id_ = 0;

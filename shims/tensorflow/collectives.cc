@@ -45,7 +45,8 @@ Outcome Collectives::Connect(const ConnectSettings& settings, sparsync_world* wo
   options.struct_size = sizeof(options);
   options.local_rank = settings.local_rank;
   options.socket_path = settings.socket_path.c_str();
-  options.job_token = settings.job_token.c_str();
+  // No SPARSYNC_JOB_TOKEN: the client library reads the token the daemon left beside its socket.
+  options.job_token = settings.job_token.empty() ? nullptr : settings.job_token.c_str();
   options.timeout_s = settings.connect_timeout_s;
   options.cuda_runtime = settings.cuda_runtime.c_str();
   char error[1024] = "";

@@ -37,7 +37,7 @@ struct Outcome {
 
 struct ConnectSettings {
   std::string socket_path;          // SPARSYNC_SOCKET
-  std::string job_token;            // SPARSYNC_JOB_TOKEN
+  std::string job_token;            // SPARSYNC_JOB_TOKEN; "": the daemon's SPARSYNC_SOCKET.token
   uint32_t local_rank = 0;          // SPARSYNC_LOCAL_RANK
   double connect_timeout_s = 10.0;  // SPARSYNC_CONNECT_TIMEOUT_S
   // How long a collective waits for its DONE: the daemon's SPARSYNC_TIMEOUT_S plus a grace, so

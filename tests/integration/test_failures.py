@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -97,3 +98,100 @@ def test_nccl_transport_without_a_gpu_stops_with_a_clear_error(daemon, short_tmp
         pytest.skip("a usable GPU is present: the NCCL transport started")
     text = proc.stdout + proc.stderr
     assert "NCCL" in text or "nccl" in text, text
+
+
+FAULT_WORKER = REPO / "tests" / "faults" / "worker.py"
+
+
+def start_step_workers(job):
+    procs = []
+    for r in range(job.size):
+        log = open(job.tmp / ("w%d.log" % r), "wb")
+        procs.append(subprocess.Popen([sys.executable, str(FAULT_WORKER)], env=job.worker_env(r),
+                                      stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+        log.close()
+    job.workers = procs
+    return procs
+
+
+def wait_for_step(job, step, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(job.worker_log(r).count("step ") >= step for r in range(job.size)):
+            return
+        time.sleep(0.02)
+    raise AssertionError("the workers did not reach step %d\n%s" % (step, job.logs()))
+
+
+def first_error(job, r):
+    for line in job.worker_log(r).splitlines():
+        if line.startswith("ERROR: "):
+            return line
+    return None
+
+
+def wait_all(procs, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    return [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
+
+
+# Issue 16, item 5: a daemon stopped with SIGTERM mid-step fails the collectives of every node
+# with its reason, every worker hears it at once, and the other daemons stop cleanly afterwards.
+def test_sigterm_of_one_daemon_tells_every_worker_why(job_factory):
+    job = job_factory(3, 1, {"SPARSYNC_TIMEOUT_S": str(TIMEOUT_S), "SPARSYNC_COMPRESSOR": "topk",
+                             "SPARSYNC_CALIBRATE": "0", "SPARSYNC_MIN_COMPRESS_BYTES": "0"})
+    procs = start_step_workers(job)
+    wait_for_step(job, 3)
+    start = time.monotonic()
+    job.daemons[1].send_signal(signal.SIGTERM)
+    rcs = wait_all(procs, TIMEOUT_S)
+    elapsed = time.monotonic() - start
+    assert rcs == [1, 1, 1], "%s\n%s" % (rcs, job.logs())
+    assert elapsed < TIMEOUT_S / 2, "the workers heard it only at the timeout\n" + job.logs()
+    assert job.daemons[1].wait(timeout=10) == 0, job.logs()
+    for r in range(3):
+        err = first_error(job, r)
+        assert err and "node 1 is shutting down" in err, "rank %d: %s\n%s" % (r, err, job.logs())
+    job.assert_clean_after_stop(job.stop())
+
+
+# Issue 16, D4: after a non-zero daemon dies, every worker of the other nodes gets the daemons'
+# reason naming the lost node, long before its own wait would time out.
+def test_a_killed_daemon_is_named_to_every_worker(job_factory):
+    job = job_factory(3, 1, {"SPARSYNC_TIMEOUT_S": str(TIMEOUT_S), "SPARSYNC_COMPRESSOR": "topk",
+                             "SPARSYNC_CALIBRATE": "0", "SPARSYNC_MIN_COMPRESS_BYTES": "0"})
+    procs = start_step_workers(job)
+    wait_for_step(job, 3)
+    start = time.monotonic()
+    os.kill(job.daemons[2].pid, signal.SIGKILL)
+    rcs = wait_all(procs, 2 * TIMEOUT_S)
+    assert rcs == [1, 1, 1], "%s\n%s" % (rcs, job.logs())
+    assert time.monotonic() - start < TIMEOUT_S, job.logs()
+    for r in range(3):
+        err = first_error(job, r)
+        assert err and "node 2" in err, "rank %d: %s\n%s" % (r, err, job.logs())
+        assert "timed out" not in err, err
+    job.daemons[2].wait()
+    job.assert_clean_after_stop(job.stop(), killed=[2])
+
+
+# Issue 16, D9: once node 0's daemon is gone, the other daemons still honour SIGTERM at once
+# (no RPC or collective waits out its deadline on the way down).
+def test_daemons_stop_quickly_after_the_coordinator_died(job_factory):
+    job = job_factory(3, 1, {"SPARSYNC_TIMEOUT_S": "60", "SPARSYNC_COMPRESSOR": "topk",
+                             "SPARSYNC_CALIBRATE": "0", "SPARSYNC_MIN_COMPRESS_BYTES": "0"})
+    procs = start_step_workers(job)
+    wait_for_step(job, 3)
+    os.kill(job.daemons[0].pid, signal.SIGKILL)
+    time.sleep(0.3)
+    start = time.monotonic()
+    for d in job.daemons[1:]:
+        d.send_signal(signal.SIGTERM)
+    for d in job.daemons[1:]:
+        assert d.wait(timeout=10) == 0, job.logs()
+    assert time.monotonic() - start < 3.0, "SIGTERM took %.1f s\n%s" % (
+        time.monotonic() - start, job.logs())
+    wait_all(procs, 30)
+    job.daemons[0].wait()
+    job.assert_clean_after_stop(job.stop(), killed=[0])

@@ -284,7 +284,8 @@ def test_the_first_failure_stops_every_host(cluster):
     assert wait_nothing_left(tag) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+# SIGHUP too (issue 16, D12): the exit status is 128 + the signal's number, as shells report it.
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_ctrl_c_or_sigterm_leaves_nothing_on_any_host(cluster, sig):
     tag = uuid.uuid4().hex
     code = "import time, sparsync.torch as hvd\nhvd.init()\nprint('up', flush=True)\n" \
@@ -296,6 +297,6 @@ def test_ctrl_c_or_sigterm_leaves_nothing_on_any_host(cluster, sig):
     assert len(job_processes(tag)) >= 6, "the job did not come up"
     os.kill(p.pid, sig)  # the launcher alone, as a terminal's Ctrl-C reaches its foreground job
     out, err = p.communicate(timeout=60)
-    assert p.returncode == (130 if sig == signal.SIGINT else 143), out + err
+    assert p.returncode == 128 + sig, out + err
     assert "stopping every host" in err, err
     assert wait_nothing_left(tag) == []

@@ -26,6 +26,7 @@ def launcher(short_tmp, client_library):
     class Launcher:
         multi_node = real is not None
         tag = uuid.uuid4().hex
+        tmpdir = short_tmp / "t"
 
         def env(self, extra=None):
             env = sparsync_env({"TMPDIR": str(tmpdir), "SPARSYNC_TEST_TAG": self.tag})
@@ -112,3 +113,42 @@ def test_ctrl_c_leaves_nothing_behind(launcher):
     assert p.returncode != 0
     assert "SIGINT" in out
     launcher.assert_nothing_left()
+
+
+def _start_and_wait_ready(launcher):
+    code = "import time\nprint('ready', flush=True)\ntime.sleep(600)\n"
+    p = launcher.popen(["-np", "2", "--nodes", "1", "python", "-c", code])
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if "ready" in line:
+            break
+    assert any("ready" in line for line in seen), "".join(seen)
+    return p
+
+
+# Issue 16, D12: the exit status after a stop signal is 128 + its number, as shells report it.
+@pytest.mark.parametrize("sig,code", [(signal.SIGHUP, 129), (signal.SIGTERM, 143),
+                                      (signal.SIGINT, 130)])
+def test_a_stop_signal_gives_128_plus_its_number(launcher, sig, code):
+    p = _start_and_wait_ready(launcher)
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=30)
+    assert p.returncode == code, out
+    launcher.assert_nothing_left()
+
+
+# Issue 16, D8: a launcher killed with SIGKILL cannot clean up; its reaper stops what it started
+# and removes its temporary directory.
+def test_a_launcher_killed_with_sigkill_leaves_nothing_behind(launcher):
+    p = _start_and_wait_ready(launcher)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=10)
+    out = p.stdout.read()
+    deadline = time.monotonic() + 15  # the daemons get the launcher's 5 s grace
+    while time.monotonic() < deadline:
+        if not processes_with_env(launcher.tag) and not os.listdir(launcher.tmpdir):
+            break
+        time.sleep(0.2)
+    launcher.assert_nothing_left()
+    assert out is not None

@@ -46,7 +46,7 @@ def job(daemon, short_tmp):
 
     def make(nodes=2, extra=None):
         tmp = short_tmp / str(len(jobs))
-        tmp.mkdir()
+        tmp.mkdir(mode=0o700)  # the daemons refuse a socket directory others may enter
         j = Job(daemon, nodes, 1, tmp, {"SPARSYNC_STALL_WARN_S": str(STALL_S),
                                         "SPARSYNC_TIMEOUT_S": str(TIMEOUT_S), **(extra or {})})
         jobs.append(j)

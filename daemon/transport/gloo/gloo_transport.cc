@@ -13,6 +13,7 @@
 
 #include <cstring>
 #include <exception>
+#include <sstream>
 
 namespace sparsync::transport {
 namespace {
@@ -52,6 +53,24 @@ void SumInto(void* c, const void* a, const void* b, size_t n) {
   gloo::sum<T>(c, a, b, n);
 }
 
+// How long a broken connection waits for the job's reason before it is reported as its own.
+constexpr auto kVerdictGrace = std::chrono::seconds(1);
+
+// Each node's listening host, published through the rendezvous store after the mesh is
+// connected, so that an error naming a peer's endpoint ("[10.0.0.3]:41234") can name its node.
+// The host, not the port: Gloo names the far end of the connection, which is the peer's
+// ephemeral port when the peer connected.
+std::string ListenHostKey(int rank) { return "sparsync/gloo-listen-host/" + std::to_string(rank); }
+
+// Gloo's messages start with the source location "[.../pair.cc:589] ": not for users.
+std::string WithoutLocation(std::string text) {
+  if (!text.empty() && text.front() == '[') {
+    const size_t close = text.find("] ");
+    if (close != std::string::npos && text.find(':') < close) text.erase(0, close + 2);
+  }
+  return text;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<GlooTransport>> GlooTransport::Create(int rank, int size,
@@ -66,21 +85,75 @@ Result<std::unique_ptr<GlooTransport>> GlooTransport::Create(int rank, int size,
     context->setTimeout(timeout);
     StoreAdapter adapter(store, timeout);
     context->connectFullMesh(adapter, device);
-    return std::unique_ptr<GlooTransport>(new GlooTransport(rank, size, context));
+    SPARSYNC_RETURN_IF_ERROR(store->Set(ListenHostKey(rank), listen));
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(ListenHostKey(r));
+    SPARSYNC_ASSIGN_OR_RETURN(std::vector<std::string> peers, store->Get(keys, timeout));
+    peers[rank].clear();
+    return std::unique_ptr<GlooTransport>(
+        new GlooTransport(rank, size, context, std::move(peers)));
   } catch (const std::exception& e) {
     return Unavailable(std::string("connecting the Gloo mesh from ") + listen +
                        " (SPARSYNC_LISTEN) failed: " + e.what());
   }
 }
 
-GlooTransport::GlooTransport(int rank, int size, std::shared_ptr<gloo::Context> context)
-    : rank_(rank), size_(size), context_(std::move(context)) {}
+GlooTransport::GlooTransport(int rank, int size, std::shared_ptr<gloo::Context> context,
+                             std::vector<std::string> peer_hosts)
+    : rank_(rank),
+      size_(size),
+      context_(std::move(context)),
+      peer_hosts_(std::move(peer_hosts)) {}
 
 GlooTransport::~GlooTransport() = default;
 
 void GlooTransport::Abort(const Status& reason) {
-  std::lock_guard lock(mu_);
-  if (aborted_.ok()) aborted_ = reason.ok() ? Aborted("transport aborted") : reason;
+  {
+    std::lock_guard lock(mu_);
+    if (!aborted_.ok()) return;
+    aborted_ = reason.ok() ? Aborted("transport aborted") : reason;
+  }
+  aborted_cv_.notify_all();
+  // Closing every pair fails what the peers exchange with this node at once; they abort in turn
+  // (the job failed), and their closing ends a collective of this node blocked on them. What
+  // Gloo 0.0~git20220518 cannot do: wake this node's own collective when this node closes first
+  // (close() wakes no waiter, and the call that would, tcp::Pair::signalExceptionExternal, is in
+  // a header Debian's libgloo-dev cannot compile: it lacks gloo/common/memory.h). That waiter
+  // then ends when a peer's end closes, or at the Gloo timeout.
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) context_->getPair(r)->close();
+  }
+}
+
+std::string GlooTransport::Describe(const std::string& what, const std::string& gloo_error) const {
+  const std::string text = WithoutLocation(gloo_error);
+  // The node whose host the error names, when only one peer listens on that host (the nodes
+  // of a real cluster; simulated nodes sharing an address cannot be told apart this way).
+  int match = -1, matches = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || peer_hosts_[r].empty()) continue;
+    if (text.find("[" + peer_hosts_[r] + "]:") == std::string::npos) continue;
+    match = r;
+    ++matches;
+  }
+  if (matches != 1) return "Gloo " + what + " on node " + std::to_string(rank_) + " failed: " + text;
+  return "Gloo " + what + " on node " + std::to_string(rank_) + ": the connection to node " +
+         std::to_string(match) + " (" + peer_hosts_[match] + ") broke (" + text +
+         "): the daemon of node " + std::to_string(match) + " died or the network failed";
+}
+
+Status GlooTransport::Failed(const std::string& what, const std::exception& e) {
+  Status own;
+  {
+    std::unique_lock lock(mu_);
+    if (aborted_.ok()) {
+      aborted_cv_.wait_for(lock, kVerdictGrace, [&] { return !aborted_.ok(); });
+    }
+    if (!aborted_.ok()) return aborted_;
+    own = Unavailable(Describe(what, e.what()));
+  }
+  Abort(own);
+  return own;
 }
 
 Status GlooTransport::Guard(const char* what) {
@@ -117,8 +190,7 @@ Status GlooTransport::AllReduceSum(void* data, size_t count, ElementType type, u
     gloo::allreduce(opts);
     return Status::Ok();
   } catch (const std::exception& e) {
-    Abort(Unavailable(std::string("Gloo allreduce failed: ") + e.what()));
-    return Guard("after failure");
+    return Failed("allreduce", e);
   }
 }
 
@@ -142,8 +214,7 @@ Status GlooTransport::AllGatherV(const void* send, size_t send_bytes, void* recv
     gloo::allgatherv(opts);
     return Status::Ok();
   } catch (const std::exception& e) {
-    Abort(Unavailable(std::string("Gloo allgatherv failed: ") + e.what()));
-    return Guard("after failure");
+    return Failed("allgatherv", e);
   }
 }
 
@@ -158,8 +229,7 @@ Status GlooTransport::Broadcast(void* data, size_t bytes, int root, uint32_t tag
     gloo::broadcast(opts);
     return Status::Ok();
   } catch (const std::exception& e) {
-    Abort(Unavailable(std::string("Gloo broadcast failed: ") + e.what()));
-    return Guard("after failure");
+    return Failed("broadcast", e);
   }
 }
 
@@ -222,8 +292,7 @@ Status GlooTransport::SendRecv(int peer, const void* send, size_t send_bytes, vo
     *recv_bytes = theirs[0];
     return Status::Ok();
   } catch (const std::exception& e) {
-    Abort(Unavailable("Gloo sendrecv with node " + std::to_string(peer) + " failed: " + e.what()));
-    return Guard("after failure");
+    return Failed("sendrecv with node " + std::to_string(peer), e);
   }
 }
 

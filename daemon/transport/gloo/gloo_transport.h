@@ -1,11 +1,20 @@
 // GlooTransport: the CPU backend, Gloo's TCP transport with its ring allreduce, allgatherv and
 // broadcast, and unbound-buffer send/recv for pairwise exchanges. Gloo's exceptions are caught
 // here and nowhere else.
+//
+// Errors name the node (issue 16, D4): Gloo's text names a pair by its peer's address
+// ("Read error [10.0.0.3]:41234: Connection reset by peer"), which is mapped back to the node's
+// rank. Since a peer also closes its side when the job failed elsewhere, a broken connection is
+// reported only after a short wait for Abort with the job's reason, which then wins.
+// Abort closes every pair: the peers' collectives with this node fail at once, and when they
+// abort in turn, a collective of this node blocked on them ends too, not at the timeout (D9).
 #pragma once
 
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "daemon/transport/transport.h"
 
@@ -36,13 +45,20 @@ class GlooTransport : public Transport {
   void Abort(const Status& reason) override;
 
  private:
-  GlooTransport(int rank, int size, std::shared_ptr<gloo::Context> context);
+  GlooTransport(int rank, int size, std::shared_ptr<gloo::Context> context,
+                std::vector<std::string> peer_hosts);
   Status Guard(const char* what);
+  // A collective threw: the job's reason if Abort brings one within the grace period, else
+  // Gloo's error naming the node whose connection broke; the transport is aborted either way.
+  Status Failed(const std::string& what, const std::exception& e);
+  std::string Describe(const std::string& what, const std::string& gloo_error) const;
 
   int rank_;
   int size_;
   std::shared_ptr<gloo::Context> context_;
+  std::vector<std::string> peer_hosts_;  // by rank: where that node listens (SPARSYNC_LISTEN)
   std::mutex mu_;
+  std::condition_variable aborted_cv_;
   Status aborted_;  // guarded by mu_
 };
 

@@ -54,7 +54,8 @@ class _World(ctypes.Structure):
 class _ConnectOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("local_rank", ctypes.c_uint32),
                 ("socket_path", ctypes.c_char_p), ("job_token", ctypes.c_char_p),
-                ("timeout_s", ctypes.c_double), ("cuda_runtime", ctypes.c_char_p)]
+                ("timeout_s", ctypes.c_double), ("cuda_runtime", ctypes.c_char_p),
+                ("job_token_file", ctypes.c_char_p)]
 
 
 class _TensorSpec(ctypes.Structure):
@@ -152,6 +153,10 @@ class Registered:
         return self.raw().view(np_dtype).reshape(self.shape)
 
 
+def _bytes_or_null(text):
+    return None if text is None else text.encode()
+
+
 def _raw_array(address, nbytes):
     if nbytes == 0:
         return np.zeros(0, dtype=np.uint8)
@@ -161,17 +166,21 @@ def _raw_array(address, nbytes):
 class Client:
     """One connection to the node's sparsyncd.
 
-    `cuda_runtime`: the CUDA runtime library to load for CUDA tensors (SPARSYNC_CUDART, which
-    the caller reads); "" searches libcudart.so.13, .so.12 and .so."""
+    `job_token`: the job's token (SPARSYNC_JOB_TOKEN, which the caller reads); None reads it from
+    `job_token_file` (SPARSYNC_JOB_TOKEN_FILE) or, when that is None too, from the file the
+    daemon leaves beside its socket. `cuda_runtime`: the CUDA runtime library to load for CUDA
+    tensors (SPARSYNC_CUDART, which the caller reads); "" searches libcudart.so.13, .so.12 and
+    .so."""
 
-    def __init__(self, socket_path, job_token="", local_rank=0, connect_timeout_s=10.0,
-                 cuda_runtime=""):
+    def __init__(self, socket_path, job_token=None, local_rank=0, connect_timeout_s=10.0,
+                 cuda_runtime="", job_token_file=None):
         lib = _library()
         handle = ctypes.c_void_p()
         err = ctypes.create_string_buffer(1024)
         options = _ConnectOptions(ctypes.sizeof(_ConnectOptions), int(local_rank),
-                                  socket_path.encode(), job_token.encode(),
-                                  float(connect_timeout_s), (cuda_runtime or "").encode())
+                                  socket_path.encode(), _bytes_or_null(job_token),
+                                  float(connect_timeout_s), (cuda_runtime or "").encode(),
+                                  _bytes_or_null(job_token_file))
         s = lib.sparsync_connect_with_options(ctypes.byref(options), ctypes.byref(handle), err,
                                               len(err))
         if s != OK:
@@ -290,7 +299,8 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 raise SparsyncError(
                     "timed out after %.0f s (%s) waiting for the result of tensor '%s' from "
-                    "sparsyncd at '%s'" % (timeout_s, limit_hint, reg.name, self.socket_path),
+                    "sparsyncd of node %d at '%s'" % (timeout_s, limit_hint, reg.name,
+                                                      self.world["node_rank"], self.socket_path),
                     ERR_TIMEOUT)
 
     def allgather_result(self, reg):

@@ -289,8 +289,8 @@ class MultiHostLauncher:
             self._log(f.args[0])
             return f.args[1] if len(f.args) > 1 else 1
         except self._Interrupted as e:
-            self._log("%s: stopping every host" % e)
-            return 130 if "SIGINT" in str(e) else 143
+            self._log("%s: stopping every host" % e.args[0])
+            return 128 + e.args[1]  # as shells report a death by that signal (130, 143, 129)
         finally:
             self._stop()
 

@@ -38,10 +38,12 @@ SPARSYNC_LOCAL_RANK, SPARSYNC_RANK, SPARSYNC_SIZE and PYTHONUNBUFFERED=1; the di
 Python running sparsyncrun is put first on the workers' PATH, so `python` is that Python.
 
 Output lines are prefixed with [r] for worker rank r and [d<i>] for the daemon of node i. If any
-process fails, the others are stopped (SIGTERM, then SIGKILL after a grace period), the first
-failure is reported and sparsyncrun exits non-zero (the failed worker's exit status when it has
-one). When every worker exits 0 the daemons are stopped and sparsyncrun exits 0. Ctrl-C or
-SIGTERM stops every process it started and removes the temporary directory.
+process fails, the others are stopped (SIGTERM and SIGCONT, then SIGKILL after a grace period),
+the first failure is reported and sparsyncrun exits non-zero (the failed worker's exit status
+when it has one). When every worker exits 0 the daemons are stopped and sparsyncrun exits 0.
+Ctrl-C, SIGTERM or SIGHUP stops every process it started, removes the temporary directory and
+exits 128 + the signal's number (130, 143, 129). If sparsyncrun itself is killed with SIGKILL,
+a small reaper process it started first stops what it had started and removes the directory.
 
 The daemon binary is $SPARSYNC_DAEMON if set, else the one installed with this package or built
 in this checkout (build/daemon/sparsyncd), else sparsyncd on PATH.
@@ -122,6 +124,7 @@ class Launcher:
         self.out_lock = threading.Lock()
         self.daemons, self.workers = [], []
         self.tmpdir = None
+        self.reaper = None
 
     def _log(self, message):
         with self.out_lock:
@@ -132,6 +135,7 @@ class Launcher:
         self.tmpdir = tempfile.mkdtemp(prefix="sparsyncrun-")
         os.chmod(self.tmpdir, 0o700)
         try:
+            self._start_reaper()
             self._start_daemons()
             self._wait_for_sockets()
             self._start_workers()
@@ -143,14 +147,43 @@ class Launcher:
             self._stop(self.workers + self.daemons)
             return f.args[1] if len(f.args) > 1 else 1
         except _Interrupted as e:
-            self._log("%s: stopping every process" % e)
+            self._log("%s: stopping every process" % e.args[0])
             self._stop(self.workers + self.daemons)
-            return 130 if "SIGINT" in str(e) else 143
+            return 128 + e.args[1]
         finally:
             self._stop(self.workers + self.daemons)
             for c in self.workers + self.daemons:
                 c.reader.join(timeout=2.0)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self._release_reaper()
+
+    def _start_reaper(self):
+        """The process that cleans up if this one is killed with SIGKILL (_reaper.py)."""
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
+        self.reaper = subprocess.Popen([sys.executable, script, self.tmpdir],
+                                       stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                       start_new_session=True, close_fds=True)
+
+    def _tell_reaper(self, line):
+        try:
+            self.reaper.stdin.write((line + "\n").encode())
+            self.reaper.stdin.flush()
+        except (OSError, ValueError):
+            pass  # the reaper is gone: nothing more can be done for a SIGKILL
+
+    def _release_reaper(self):
+        if self.reaper is None:
+            return
+        self._tell_reaper("done")
+        try:
+            self.reaper.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.reaper.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self.reaper.kill()
+        self.reaper = None
 
     def _start_daemons(self):
         port = _free_port()
@@ -170,6 +203,7 @@ class Launcher:
                                            self.out_lock, self.events))
             except OSError as e:
                 raise _Failure("cannot start the daemon %s: %s" % (self.daemon, e))
+            self._tell_reaper("pgid %d" % self.daemons[-1].proc.pid)
 
     def _socket(self, node):
         return os.path.join(self.tmpdir, "node%d.sock" % node)
@@ -205,6 +239,7 @@ class Launcher:
                                            self.out_lock, self.events))
             except OSError as e:
                 raise _Failure("cannot start the command %r: %s" % (self.command[0], e), 127)
+            self._tell_reaper("pgid %d" % self.workers[-1].proc.pid)
 
     def _supervise(self):
         finished = 0
@@ -224,6 +259,7 @@ class Launcher:
             return
         for c in alive:
             c.signal(signal.SIGTERM)
+            c.signal(signal.SIGCONT)  # a stopped process handles its SIGTERM only once resumed
         deadline = time.monotonic() + _GRACE_S
         for c in alive:
             try:
@@ -295,7 +331,7 @@ def main(argv=None):
         if interrupted:
             return  # already stopping; a second Ctrl-C must not cut the clean-up short
         interrupted.append(signum)
-        raise _Interrupted("received %s" % signal.Signals(signum).name)
+        raise _Interrupted("received %s" % signal.Signals(signum).name, int(signum))
 
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, on_signal)

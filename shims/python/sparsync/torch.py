@@ -101,7 +101,9 @@ def init(comm=None, process_sets=None):
         if _state.client is not None:
             return
         path = os.environ.get("SPARSYNC_SOCKET") or default_socket_path()
-        token = os.environ.get("SPARSYNC_JOB_TOKEN", "")
+        # Unset: the client library reads SPARSYNC_JOB_TOKEN_FILE, or the daemon's token file.
+        token = os.environ.get("SPARSYNC_JOB_TOKEN") or None
+        token_file = os.environ.get("SPARSYNC_JOB_TOKEN_FILE") or None
         local_var, local = _env_int("SPARSYNC_LOCAL_RANK", "SLURM_LOCALID", 0)
         connect_s = _env_float("SPARSYNC_CONNECT_TIMEOUT_S", 10.0)
         daemon_timeout = _env_float("SPARSYNC_TIMEOUT_S", 300.0)
@@ -109,7 +111,7 @@ def init(comm=None, process_sets=None):
         _state.timeout_hint = "SPARSYNC_TIMEOUT_S=%g plus %g s" % (daemon_timeout,
                                                                      _DAEMON_GRACE_S)
         cudart = os.environ.get("SPARSYNC_CUDART", "")  # for CUDA tensors; "": the default
-        client = C.Client(path, token, local, connect_s, cudart)
+        client = C.Client(path, token, local, connect_s, cudart, job_token_file=token_file)
         for var, fallback, key in (("SPARSYNC_RANK", "SLURM_PROCID", "rank"),
                                    ("SPARSYNC_SIZE", "SLURM_NTASKS", "size")):
             name, expected = _env_int(var, fallback, None)

@@ -75,7 +75,7 @@ def main():
     rank = int(os.environ["SPARSYNC_RANK"])
     out = os.path.join(os.environ["OUT_DIR"], "rank%d" % rank)
     dev = FakeDevice(os.environ["SPARSYNC_TEST_FAKE_CUDART"])
-    client = C.Client(os.environ["SPARSYNC_SOCKET"], os.environ.get("SPARSYNC_JOB_TOKEN", ""),
+    client = C.Client(os.environ["SPARSYNC_SOCKET"], os.environ.get("SPARSYNC_JOB_TOKEN") or None,
                       int(os.environ["SPARSYNC_LOCAL_RANK"]), 30.0,
                       os.environ.get("SPARSYNC_CUDART", ""))  # as sparsync.torch.init passes it
     if mode == "register":

@@ -49,15 +49,21 @@ typedef struct sparsync_connect_options {
                                version of this header refuses other values (INVALID) */
   uint32_t local_rank;      /* this worker's rank among the workers of its node */
   const char* socket_path;  /* the daemon's control socket (the shims take SPARSYNC_SOCKET) */
-  const char* job_token;    /* must match the daemon's; NULL: none (SPARSYNC_JOB_TOKEN) */
+  const char* job_token;    /* must match the daemon's (SPARSYNC_JOB_TOKEN); NULL: read from
+                               job_token_file, or when that is NULL too from the file the daemon
+                               leaves beside its socket (socket_path + ".token") */
   double timeout_s;         /* keep retrying to connect this long (the daemon may still be
                                starting); the handshake then gets at least 5 s */
   const char* cuda_runtime; /* the CUDA runtime library for CUDA tensors, only that file
                                (SPARSYNC_CUDART); NULL or "": libcudart.so.13, .so.12 or .so,
                                preferring one the process has loaded already */
+  const char* job_token_file; /* with job_token NULL: a file holding the token, which must be
+                                 this user's and readable by nobody else
+                                 (SPARSYNC_JOB_TOKEN_FILE); NULL: see job_token */
 } sparsync_connect_options;
 
-/* Connects to the daemon's control socket and performs the handshake. On failure *out is NULL
+/* Connects to the daemon's control socket and performs the handshake. The listener must run as
+ * this process's user (or root), or the token is not sent (PERMISSION). On failure *out is NULL
  * and the reason is written to `error` (if not NULL, at most error_len bytes, NUL-terminated). */
 sparsync_status sparsync_connect_with_options(const sparsync_connect_options* options,
                                               sparsync_client** out, char* error, size_t error_len);

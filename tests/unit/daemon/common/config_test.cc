@@ -216,3 +216,42 @@ TEST(ConfigTest, UnknownFlagIsAnError) {
 
 }  // namespace
 }  // namespace sparsync
+
+namespace sparsync {
+namespace {
+
+// A token on the command line is visible to every user in `ps` (issue 16, D3).
+TEST(ConfigTest, TheJobTokenIsRefusedAsAFlag) {
+  ParsedConfig p = Parse({"--job-token", "s3cret"});
+  ASSERT_TRUE(p.exit);
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_NE(p.message.find("ps"), std::string::npos) << p.message;
+  EXPECT_NE(p.message.find("SPARSYNC_JOB_TOKEN"), std::string::npos) << p.message;
+  EXPECT_EQ(p.message.find("s3cret"), std::string::npos) << "the refusal must not echo it";
+  ParsedConfig env = Parse({}, {{"SPARSYNC_JOB_TOKEN", "s3cret"}});
+  ASSERT_FALSE(env.exit) << env.message;
+  EXPECT_EQ(env.config.job_token, "s3cret");
+  ParsedConfig file = Parse({"--job-token-file", "/run/token"});
+  ASSERT_FALSE(file.exit) << file.message;
+  EXPECT_EQ(file.config.job_token_file, "/run/token");
+}
+
+TEST(ConfigTest, TlsNeedsItsThreeFiles) {
+  ParsedConfig partial = Parse({"--tls-cert", "c.pem", "--tls-key", "k.pem"});
+  ASSERT_TRUE(partial.exit);
+  EXPECT_NE(partial.message.find("SPARSYNC_TLS_CA"), std::string::npos) << partial.message;
+  ParsedConfig all = Parse({}, {{"SPARSYNC_TLS_CERT", "c.pem"}, {"SPARSYNC_TLS_KEY", "k.pem"},
+                                {"SPARSYNC_TLS_CA", "ca.pem"}});
+  ASSERT_FALSE(all.exit) << all.message;
+  EXPECT_TRUE(all.config.tls.enabled());
+  EXPECT_FALSE(Parse({}).config.tls.enabled());
+}
+
+TEST(ConfigTest, RegisteredBytesDefaultToTheMachinesMemory) {
+  EXPECT_EQ(Parse({}).config.max_registered_bytes, 0u);
+  EXPECT_EQ(Parse({"--max-registered-bytes", "2GiB"}).config.max_registered_bytes, 2ull << 30);
+  EXPECT_TRUE(Parse({"--max-registered-bytes", "lots"}).exit);
+}
+
+}  // namespace
+}  // namespace sparsync

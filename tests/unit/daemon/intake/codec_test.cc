@@ -205,7 +205,33 @@ std::vector<Malformed> Corpus() {
          return Bytes(m);
        },
        "token"},
+      {"reserved hello field",
+       [] {
+         sparsync_hello m{};
+         FillHeader(&m.header, SPARSYNC_MSG_HELLO, sizeof(m));
+         m.reserved = 3;
+         return Bytes(m);
+       },
+       "reserved HELLO field"},
   };
+}
+
+// What a refused datagram claims to be decides the reply the worker gets (issue 16, D12).
+TEST(CodecTest, ClaimsNameTheRepliesARefusalGets) {
+  sparsync_hello hello{};
+  FillHeader(&hello.header, SPARSYNC_MSG_HELLO, sizeof(hello));
+  hello.header.version = 1;  // another version's HELLO is still answered
+  EXPECT_EQ(ClaimOf(&hello, sizeof(hello)).type, SPARSYNC_MSG_HELLO);
+  EXPECT_EQ(ClaimOf(&hello, 20).type, SPARSYNC_MSG_HELLO);
+  sparsync_register_msg r = ValidRegister();
+  r.dtype = 77;
+  Claim claim = ClaimOf(&r, sizeof(r));
+  EXPECT_EQ(claim.type, SPARSYNC_MSG_REGISTER);
+  EXPECT_EQ(claim.tensor_id, 7u);
+  EXPECT_EQ(ClaimOf(&r, sizeof(r) - 8).type, 0) << "a truncated REGISTER has no framing to trust";
+  r.header.magic = 5;
+  EXPECT_EQ(ClaimOf(&r, sizeof(r)).type, 0);
+  EXPECT_EQ(ClaimOf("abc", 3).type, 0);
 }
 
 // Explicit allreduce, gradients and broadcast take CUDA tensors; the fields arrive unchanged.

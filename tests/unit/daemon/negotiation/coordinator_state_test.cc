@@ -191,6 +191,20 @@ TEST_F(CoordinatorStateTest, SilentNodeFailsTheJob) {
   EXPECT_NE(s.fatal().message().find("node 1"), std::string::npos);
 }
 
+// A lost node is named with the address it joined from (issue 16, D4).
+TEST_F(CoordinatorStateTest, ALostNodeIsNamedWithItsAddress) {
+  CoordinatorState s = Make(3);
+  s.SetAddress(2, "10.0.0.3");
+  s.Polled(1, 0, t0);
+  s.Polled(2, 0, t0);
+  s.Polled(1, 0, t0 + seconds(9));
+  s.Tick(t0 + seconds(11));
+  ASSERT_TRUE(s.failed());
+  EXPECT_NE(s.fatal().message().find("node 2 (10.0.0.3) has not contacted the coordinator"),
+            std::string::npos)
+      << s.fatal().message();
+}
+
 TEST_F(CoordinatorStateTest, LeavingNodeFailsTheJob) {
   CoordinatorState s = Make(2);
   s.Leave(1);

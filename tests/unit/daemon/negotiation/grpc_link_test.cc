@@ -371,5 +371,32 @@ TEST(GrpcLinkDeadlineTest, SilentServerErrorsNameTheAddress) {
   }
 }
 
+// A stopping daemon waits out no deadline: Cancel ends every call in flight at once and refuses
+// the later ones (issue 16, D9).
+TEST(GrpcLinkDeadlineTest, CancelEndsEveryCallAtOnce) {
+  SilentServer silent;
+  GrpcCoordinatorLink link(silent.address(), kToken, 20s);
+  std::vector<std::function<Status()>> calls = {
+      [&] { return link.Join(Info(1), 30s); },
+      [&] { return link.StoreGet({"k"}, 30s).status(); },
+      [&] { return link.Report(1, {Meta("w", {1})}, {NewRef(0)}).status(); },
+      [&] { return link.Poll(1, 0, 5s).status(); },
+  };
+  std::vector<Status> got(calls.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    threads.emplace_back([&, i] { got[i] = calls[i](); });
+  }
+  std::this_thread::sleep_for(300ms);
+  const auto cancelled = std::chrono::steady_clock::now();
+  link.Cancel();
+  for (auto& t : threads) t.join();
+  EXPECT_LT(SecondsSince(cancelled), 1.0);
+  for (const Status& st : got) EXPECT_FALSE(st.ok());
+  Status later = link.StoreSet("k", "v");
+  EXPECT_EQ(later.code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(later.message(), "shutting down")) << later.message();
+}
+
 }  // namespace
 }  // namespace sparsync::negotiation

@@ -424,12 +424,22 @@ TEST_F(NodeAgentTest, FailThatCannotReachTheCoordinatorFailsLocally) {
 // Failures the node did not find itself are not reported back.
 TEST_F(NodeAgentTest, OnlyTheNodesOwnFailuresGoToTheCoordinator) {
   auto agent = Make(/*direct=*/false);
-  for (auto source : {JobFailure::Source::kCoordinator, JobFailure::Source::kUnreported,
-                      JobFailure::Source::kShutdown}) {
+  for (auto source : {JobFailure::Source::kCoordinator, JobFailure::Source::kUnreported}) {
     agent->OnFailure(Aborted("not this node's news"), source);
   }
   EXPECT_TRUE(link_.fails().empty());
   EXPECT_TRUE(Collect(*agent, 1, 100ms).empty());
+}
+
+// A daemon that stops tells the coordinator why, so that every node fails its collectives with
+// the stopping node's reason instead of a broken connection (issue 16, item 5).
+TEST_F(NodeAgentTest, AShutdownIsReportedToTheCoordinator) {
+  auto agent = Make(/*direct=*/false);
+  failure_.Fail(Aborted("the daemon of node 1 is shutting down"), JobFailure::Source::kShutdown);
+  auto fails = link_.fails();
+  ASSERT_EQ(fails.size(), 1u);
+  EXPECT_EQ(fails[0].first, kRank);
+  EXPECT_EQ(fails[0].second.message(), "the daemon of node 1 is shutting down");
 }
 
 TEST_F(NodeAgentTest, FailThatReachesTheCoordinatorWaitsForItsEntry) {

@@ -28,7 +28,10 @@ std::vector<std::unique_ptr<Transport>> Cluster(Backend backend, int n) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      auto t = GlooTransport::Create(r, n, "127.0.0.1", &store, std::chrono::seconds(20));
+      // A loopback address of its own per node, none of them 127.0.0.1 (the source of every
+      // connection on loopback), so that no error names the wrong node.
+      const std::string listen = "127.0.0." + std::to_string(r + 2);
+      auto t = GlooTransport::Create(r, n, listen, &store, std::chrono::seconds(20));
       ASSERT_TRUE(t.ok()) << t.status().ToString();
       out[r] = std::move(*t);
     });
@@ -207,6 +210,56 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(std::get<0>(info.param) == Backend::kGloo ? "Gloo" : "Loopback") +
              std::to_string(std::get<1>(info.param)) + "Ranks";
     });
+
+// Gloo's failures (issue 16, D4, D9). A node whose daemon goes away closes its connections: the
+// collectives of its peers fail at once, naming it, instead of waiting for the timeout.
+using Clock = std::chrono::steady_clock;
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+TEST(GlooFailureTest, ALostNodeIsNamedByThePeersWaitingForIt) {
+  auto cluster = Cluster(Backend::kGloo, 3);
+  std::vector<Status> got(3);
+  const auto start = Clock::now();
+  OnEachRank(cluster, [&](int r, Transport& t) {
+    if (r == 2) {  // stands for a daemon that died: its connections close
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      t.Abort(Aborted("gone"));
+      return;
+    }
+    std::vector<float> x(100000, 1.0f);
+    got[r] = t.AllReduceSum(x.data(), x.size(), ElementType::kFloat32, 1);
+  });
+  EXPECT_LT(SecondsSince(start), 6.0) << "the timeout is 20 s: the failure must not wait for it";
+  // Every survivor fails at once, naming itself. Which node it blames is checked where nodes
+  // have addresses of their own (tests/faults, network namespaces) and through the daemons,
+  // whose verdict names the lost node (test_failures.py): on loopback every connection a peer
+  // opened comes from 127.0.0.1, which names no node here.
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(got[r].ok()) << r;
+    EXPECT_NE(got[r].message().find("node " + std::to_string(r)), std::string::npos)
+        << "names the node that saw it: " << got[r].message();
+  }
+}
+
+// Without a verdict, a node that sees a broken connection waits a moment for the job's reason
+// (kVerdictGrace), and reports that reason when it comes: the error users read is the job's.
+TEST(GlooFailureTest, ABrokenConnectionReportsTheJobsReasonWhenItComes) {
+  auto cluster = Cluster(Backend::kGloo, 2);
+  Status got;
+  std::thread waiting([&] {
+    std::vector<float> x(100000, 1.0f);
+    got = cluster[0]->AllReduceSum(x.data(), x.size(), ElementType::kFloat32, 1);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  cluster[1]->Abort(Aborted("gone"));  // node 1 never joined the collective; its end closes
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  cluster[0]->Abort(Aborted("tensor 'w' differs across nodes"));  // the verdict, within 1 s
+  waiting.join();
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.message(), "tensor 'w' differs across nodes");
+}
 
 }  // namespace
 }  // namespace sparsync::transport

@@ -265,7 +265,21 @@ TEST_F(ClientTest, AnErrorDoneReachesTheCallerWithItsMessage) {
   ASSERT_EQ(sparsync_post_ready(client_, id), SPARSYNC_OK);
   EXPECT_EQ(sparsync_wait_done(client_, id, 10.0), SPARSYNC_ERR_MISMATCH);
   EXPECT_EQ(LastError(), "tensor 'fc1.weight' has shape [4] on node 0 but [5] on node 1");
-  ASSERT_EQ(sparsync_post_ready(client_, id), SPARSYNC_OK) << "a failed round is not sticky";
+  // An error DONE means the job failed (the daemon fails every later collective with its first
+  // error): a later round's wait ends with that first error, whatever its own DONE says.
+  ASSERT_EQ(sparsync_post_ready(client_, id), SPARSYNC_OK);
+  EXPECT_EQ(sparsync_wait_done(client_, id, 10.0), SPARSYNC_ERR_MISMATCH);
+  EXPECT_EQ(LastError(), "tensor 'fc1.weight' has shape [4] on node 0 but [5] on node 1");
+}
+
+TEST_F(ClientTest, AnErrorDoneWithoutAMessageNamesItsStatus) {
+  daemon_.SetOnReady([](const ScriptedDaemon::Ready& r) {
+    ScriptedDaemon::SendDone(r, SPARSYNC_ERR_ABORTED);  // no message
+  });
+  Connect();
+  float* x = nullptr;
+  uint32_t id = RegisterFloats("fc1.weight", 4, &x, SPARSYNC_OP_GRADIENT);
+  ASSERT_EQ(sparsync_post_ready(client_, id), SPARSYNC_OK);
   EXPECT_EQ(sparsync_wait_done(client_, id, 10.0), SPARSYNC_ERR_ABORTED);
   EXPECT_EQ(LastError(), "sparsyncd reported ABORTED");
 }
@@ -305,8 +319,10 @@ TEST_F(ClientTest, AConnectionClosedMidWaitIsUnavailableAndNamesThePath) {
   EXPECT_LT(SecondsSince(start), 5.0);
   closer.join();
   const std::string error = LastError();
-  EXPECT_THAT(error, HasSubstr("connection to sparsyncd at '" + daemon_.socket_path() + "' lost"));
+  EXPECT_THAT(error, HasSubstr("connection to sparsyncd of node 0 at '" + daemon_.socket_path() +
+                               "' lost"));
   EXPECT_THAT(error, HasSubstr("closed the connection"));
+  EXPECT_THAT(error, HasSubstr("the daemon of node 0 died or was stopped"));
   EXPECT_EQ(sparsync_post_ready(client_, id), SPARSYNC_ERR_UNAVAILABLE) << "the failure sticks";
   EXPECT_EQ(LastError(), error);
 }

@@ -21,8 +21,9 @@ ScriptedDaemon::~ScriptedDaemon() {
 }
 
 bool ScriptedDaemon::Start() {
+  // The token is left beside the socket, as sparsyncd does, for workers that give none.
   server_ = std::make_unique<intake::IntakeServer>(path_, static_cast<int>(node_rank), this,
-                                                   std::chrono::seconds(2));
+                                                   std::chrono::seconds(2), token);
   Status s = server_->Start();
   EXPECT_TRUE(s.ok()) << s.message();
   return s.ok();
