@@ -27,6 +27,14 @@ struct TensorView {
   int64_t ready_ns = 0;  // every local worker had posted this round
 };
 
+// A sub-step of a group's stage ("local reduce", "sparsify", "pack", "transfer", "unpack",
+// "write-back"; pipeline/step_marks.h): it ended at `end_ns` and began where the previous one,
+// or its stage, did.
+struct StepView {
+  const char* name = "";
+  int64_t end_ns = 0;
+};
+
 // One schedule entry (a merge group, an allgather or a broadcast) as the executor ran it. Every
 // time is 0 where the stage did not run (a failure before it).
 struct GroupView {
@@ -45,6 +53,7 @@ struct GroupView {
   int64_t exchange_begin_ns = 0;  // stage B: every transport call, and the unpacking
   int64_t exchange_end_ns = 0;
   int64_t deliver_end_ns = 0;  // the write-back into the workers' memory and the DONE messages
+  std::span<const StepView> steps;  // the sub-steps the reduce path marked, in order
   bool ok = true;              // false: the group failed on this node
 };
 

@@ -40,6 +40,7 @@ struct Timeline::GroupRecord {
   bool sparse, ok;
   std::string path;
   uint32_t first_tensor, tensors;  // TensorRecords [first_tensor, first_tensor + tensors)
+  uint32_t first_step, steps;      // Batch::steps [first_step, first_step + steps)
   int64_t received_ns, prepare_begin_ns, prepare_end_ns, exchange_begin_ns, exchange_end_ns,
       deliver_end_ns;
 };
@@ -58,6 +59,7 @@ struct Timeline::InstantRecord {
 struct Timeline::Batch {
   std::vector<GroupRecord> groups;
   std::vector<TensorRecord> tensors;
+  std::vector<StepView> steps;  // the names are string literals
   std::vector<InstantRecord> instants;
   std::vector<std::pair<uint32_t, std::string>> new_rows;  // row, tensor name
   size_t size() const { return groups.size() + tensors.size() + instants.size(); }
@@ -166,9 +168,11 @@ void Timeline::OnGroup(const GroupView& g) {
     Batch& b = *batch_;
     GroupRecord r{g.seq, g.step, g.elements, g.plan_version, g.op, g.sparse, g.ok, g.path,
                   static_cast<uint32_t>(b.tensors.size()), static_cast<uint32_t>(g.tensors.size()),
+                  static_cast<uint32_t>(b.steps.size()), static_cast<uint32_t>(g.steps.size()),
                   g.received_ns, g.prepare_begin_ns, g.prepare_end_ns, g.exchange_begin_ns,
                   g.exchange_end_ns, g.deliver_end_ns};
     for (const TensorView& t : g.tensors) b.tensors.push_back({RowOf(*t.name), t.ready_ns});
+    b.steps.insert(b.steps.end(), g.steps.begin(), g.steps.end());
     b.groups.push_back(std::move(r));
     wake = b.size() >= kFlushRecords;
   }
@@ -261,6 +265,19 @@ void Timeline::Format(const Batch& b, std::string* out) const {
     span(kStageARow, "prepare", g.prepare_begin_ns, g.prepare_end_ns, args);
     span(kStageBRow, "exchange", g.exchange_begin_ns, g.exchange_end_ns, seq);
     span(kStageBRow, "deliver", g.exchange_end_ns, g.deliver_end_ns, seq);
+    // The reduce path's sub-steps, nested in their stage's span: each begins where the previous
+    // one (or its stage) began.
+    int64_t at = g.prepare_begin_ns;
+    bool stage_b = false;
+    for (uint32_t i = g.first_step; i < g.first_step + g.steps; ++i) {
+      const StepView& s = b.steps[i];
+      if (!stage_b && g.exchange_begin_ns > 0 && s.end_ns > g.prepare_end_ns) {
+        stage_b = true;
+        at = g.exchange_begin_ns;
+      }
+      span(stage_b ? kStageBRow : kStageARow, s.name, at, s.end_ns, seq);
+      at = std::max(at, s.end_ns);
+    }
   }
   for (const InstantRecord& r : b.instants) {
     sep();

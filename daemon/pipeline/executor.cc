@@ -162,6 +162,7 @@ Status Executor::FormGroup(const negotiation::ScheduleEntry& entry, Slot* slot) 
   Group& group = slot->group;
   group.seq = entry.seq;
   group.slices.clear();
+  group.marks.Clear();
   group.reducer = nullptr;
   group.residuals = nullptr;
   SPARSYNC_ASSIGN_OR_RETURN(group.members, table_->Resolve(entry));
@@ -268,6 +269,8 @@ void Executor::Notify(const Slot& slot, bool done) {
   const Group& group = slot.group;
   observed_.clear();
   for (const GroupMember& m : group.members) observed_.push_back({&m.meta.name, m.ready_ns});
+  observed_steps_.clear();
+  for (const StepMarks::Mark& m : group.marks.marks()) observed_steps_.push_back({m.name, m.end_ns});
   observe::GroupView view;
   view.seq = group.seq;
   view.op = group.op;
@@ -285,6 +288,7 @@ void Executor::Notify(const Slot& slot, bool done) {
   view.exchange_begin_ns = slot.exchange_begin_ns;
   view.exchange_end_ns = slot.exchange_end_ns;
   view.deliver_end_ns = slot.deliver_end_ns;
+  view.steps = observed_steps_;
   view.ok = slot.error.ok() && slot.deliver_end_ns > 0;
   if (done) {
     observer->OnGroup(view);

@@ -125,6 +125,7 @@ class Executor {
   bool prepare_failed_ = false;  // stage A only: an error entry was handed off
   int64_t prepare_free_ns_ = 0;  // stage A only: when it finished its previous entry
   std::vector<observe::TensorView> observed_;  // stage B only: Notify's members
+  std::vector<observe::StepView> observed_steps_;  // stage B only: Notify's sub-steps
 
   std::vector<std::unique_ptr<Slot>> slots_;  // depth + 1, plus one for Execute()
   std::mutex mu_;

@@ -65,6 +65,7 @@ class HostDensePath final : public ReducePath {
             FlushResidual(group, i, reinterpret_cast<float*>(f.buffer.data() + offset * acc_size)));
       }
     }
+    group.marks.Add("local reduce");
     return Status::Ok();
   }
 
@@ -75,6 +76,7 @@ class HostDensePath final : public ReducePath {
     if (!f.packed.empty()) {
       SPARSYNC_RETURN_IF_ERROR(
           transport_->AllReduceSum(f.buffer.data(), f.elements, acc_type, (*tag)++));
+      group.marks.Add("transfer");
       const size_t acc_size = transport::ElementSize(acc_type);
       for (const auto& [i, offset] : f.packed) {
         const GroupMember& m = group.members[i];
@@ -83,12 +85,15 @@ class HostDensePath final : public ReducePath {
                     m.parts[r].region->data(), dtype);
         }
       }
+      group.marks.Add("write-back");
     }
     for (size_t i : f.own) {
       void* data = group.members[i].parts[0].region->data();
       const size_t count = group.slices[i].count;
       SPARSYNC_RETURN_IF_ERROR(transport_->AllReduceSum(data, count, acc_type, (*tag)++));
+      group.marks.Add("transfer");
       DivideInPlace(data, count, group.divisor, dtype);
+      group.marks.Add("write-back");
     }
     return Status::Ok();
   }

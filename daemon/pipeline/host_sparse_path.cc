@@ -24,6 +24,8 @@ class HostSparsePath final : public ReducePath {
     SPARSYNC_RETURN_IF_ERROR(StageToHost(group));
     s.prepared.work.resize(group.elements);
     SumMembersInto(group, s.prepared.work.data());
+    group.marks.Add("local reduce");
+    s.prepared.marks = &group.marks;
     return group.reducer->PrepareWork(group.slices, group.step, group.group_id, &s.prepared);
   }
 
@@ -39,6 +41,7 @@ class HostSparsePath final : public ReducePath {
     SPARSYNC_RETURN_IF_ERROR(
         group.reducer->Exchange(group.slices, s.prepared, sum, /*divisor=*/1.0, tag));
     WriteBackMembers(group, reinterpret_cast<const char*>(sum.data()), group.divisor);
+    group.marks.Add("write-back");
     return Status::Ok();
   }
 

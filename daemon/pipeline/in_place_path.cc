@@ -28,7 +28,9 @@ class InPlacePath final : public ReducePath {
     void* data = m.parts.front().region->data();
     SPARSYNC_RETURN_IF_ERROR(
         transport_->AllReduceSum(data, group.elements, AccumulatorType(m.meta.dtype), (*tag)++));
+    group.marks.Add("transfer");
     DivideInPlace(data, group.elements, group.divisor, m.meta.dtype);
+    group.marks.Add("write-back");
     return Status::Ok();
   }
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "daemon/pipeline/sparse_reducer.h"
+#include "daemon/pipeline/step_marks.h"
 #include "daemon/pipeline/tensor_table.h"
 
 namespace sparsync::pipeline {
@@ -48,6 +49,8 @@ struct Group {
   // The same on every node: they seed the random compressors.
   uint64_t step = 0;      // the round of the group's tensors
   uint32_t group_id = 0;  // the first tensor's slot
+  // The ends of the path's sub-steps, for the timeline (step_marks.h).
+  StepMarks marks;
 };
 
 class ReducePath {

@@ -11,6 +11,10 @@
 namespace sparsync::pipeline {
 namespace {
 
+void Mark(PreparedGroup* prepared, const char* step) {
+  if (prepared->marks) prepared->marks->Add(step);
+}
+
 // SplitMix64 finaliser: a seed per (job, node, step, group) for the random compressors.
 uint64_t Mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -185,8 +189,10 @@ Status SparseReducer::PrepareWork(std::span<const GroupSlice> slices, uint64_t s
     state_->Load(TensorState::Kind::kAccumulation, slices, prepared->dgc.accumulation);
   }
   SPARSYNC_RETURN_IF_ERROR(Select(step, group_id, prepared));
+  Mark(prepared, "sparsify");  // the residual added and the selection made
   if (UsesAllGather()) {
     SPARSYNC_RETURN_IF_ERROR(Pack(static_cast<int64_t>(n), /*with_delivered=*/true, prepared));
+    Mark(prepared, "pack");
   }
   return Status::Ok();
 }
@@ -196,18 +202,22 @@ Status SparseReducer::Exchange(std::span<const GroupSlice> slices, PreparedGroup
   bool skip = false;
   if (config_.compressor == Compressor::kRandomK) {
     SPARSYNC_RETURN_IF_ERROR(ExchangeSharedIndices(group, prepared, tag, &skip));
+    Mark(&prepared, "transfer");
     if (!skip) KeepState(slices, prepared, prepared.values);  // float32: sent exactly
   } else if (UsesGlobalTopK()) {
     std::vector<float> delivered;
     SPARSYNC_RETURN_IF_ERROR(ExchangeGlobalTopK(group, prepared, tag, &skip, &delivered));
+    Mark(&prepared, "transfer");
     if (!skip) KeepState(slices, prepared, delivered);
   } else {
     // The state first, then the decode: `group` may be prepared.work (DecodesIntoWork()).
     std::vector<size_t> payload_bytes;
     SPARSYNC_RETURN_IF_ERROR(GatherPayloads(prepared, tag, &skip, &payload_bytes));
+    Mark(&prepared, "transfer");
     if (!skip) {
       KeepState(slices, prepared, prepared.delivered);
       SPARSYNC_RETURN_IF_ERROR(DecodeAll(payload_bytes, group));
+      Mark(&prepared, "unpack");
     }
   }
   if (skip) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "daemon/common/config.h"
+#include "daemon/pipeline/step_marks.h"
 #include "daemon/pipeline/sparse_payload.h"
 #include "daemon/pipeline/tensor_state.h"
 #include "daemon/transport/transport.h"
@@ -49,6 +50,7 @@ struct PreparedGroup {
   std::vector<uint8_t> payload;  // our encoded payload (allgather path)
   size_t payload_bytes = 0;
   kernels::DgcState dgc;  // DGC's momentum and accumulation after the selection
+  StepMarks* marks = nullptr;  // where the reducer marks its sub-steps (null: nowhere)
 };
 
 class SparseReducer {

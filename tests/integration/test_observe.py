@@ -43,6 +43,20 @@ def check_trace(trace, node):
         assert stage in spans, (stage, sorted(set(spans)))
     sparse = [e for e in trace if e["name"] == "prepare" and e["args"]["sparse"]]
     assert sparse and all(e["args"]["path"] == "host sparse" for e in sparse)
+    # A sparse group's sub-steps, each inside its stage's span of the same group.
+    stages = {(e["name"], e["args"]["seq"]): e for e in trace
+              if e.get("ph") == "X" and e["name"] in ("prepare", "exchange")}
+    seqs = {e["args"]["seq"] for e in sparse}
+    for step, stage in (("local reduce", "prepare"), ("sparsify", "prepare"), ("pack", "prepare"),
+                        ("transfer", "exchange"), ("unpack", "exchange"),
+                        ("write-back", "exchange")):
+        found = [e for e in trace if e["name"] == step and e["args"]["seq"] in seqs]
+        assert found, (step, sorted(set(spans)))
+        for e in found:
+            outer = stages[(stage, e["args"]["seq"])]
+            assert outer["tid"] == e["tid"], (e, outer)
+            assert outer["ts"] - 0.01 <= e["ts"], (e, outer)
+            assert e["ts"] + e["dur"] <= outer["ts"] + outer["dur"] + 0.01, (e, outer)
     for e in trace:
         if e.get("ph") == "X":
             assert e["pid"] == node and e["dur"] >= 0 and e["ts"] > 1.5e15, e

@@ -50,6 +50,7 @@ class TimelineTest : public ::testing::Test {
   struct Group {
     std::string a = "fc.weight", b = "fc.bias";
     TensorView tensors[2];
+    StepView steps[6];
     GroupView view;
   };
   static void Fill(Group* g, int64_t t0, uint64_t seq) {
@@ -71,6 +72,12 @@ class TimelineTest : public ::testing::Test {
     v.exchange_begin_ns = t0 + 6 * ms;
     v.exchange_end_ns = t0 + 9 * ms;
     v.deliver_end_ns = t0 + 10 * ms;
+    // Stage A: local reduce 1 ms, sparsify 0.5 ms, pack 0.5 ms; stage B: transfer 2 ms, unpack
+    // 0.5 ms, write-back 0.5 ms.
+    const char* names[] = {"local reduce", "sparsify", "pack", "transfer", "unpack", "write-back"};
+    const int64_t ends[] = {4 * ms, 4 * ms + ms / 2, 5 * ms, 8 * ms, 8 * ms + ms / 2, 9 * ms};
+    for (int i = 0; i < 6; ++i) g->steps[i] = {names[i], t0 + ends[i]};
+    v.steps = g->steps;
   }
   std::string dir_;
 };
@@ -127,6 +134,19 @@ TEST_F(TimelineTest, RecordsEveryStageOfAGroupOnItsRow) {
   EXPECT_NEAR(exchange[0]["dur"].get<double>(), 3000.0, 1e-6);
   EXPECT_NEAR(deliver[0]["dur"].get<double>(), 1000.0, 1e-6);
   EXPECT_NEAR(exchange[0]["ts"].get<double>() - prepare[0]["ts"].get<double>(), 3000.0, 0.01);
+
+  // The path's sub-steps, nested in their stage: each from the previous one's end.
+  const std::pair<const char*, std::pair<double, double>> steps[] = {
+      {"local reduce", {0, 1000}}, {"sparsify", {1000, 500}}, {"pack", {1500, 500}},
+      {"transfer", {3000, 2000}},  {"unpack", {5000, 500}},   {"write-back", {5500, 500}}};
+  for (const auto& [name, at] : steps) {
+    auto e = Named(trace, name, "X");
+    ASSERT_EQ(e.size(), 1u) << name;
+    EXPECT_EQ(e[0]["tid"], at.first < 3000 ? 2 : 3) << name;
+    EXPECT_NEAR(e[0]["ts"].get<double>() - prepare[0]["ts"].get<double>(), at.first, 0.01) << name;
+    EXPECT_NEAR(e[0]["dur"].get<double>(), at.second, 1e-6) << name;
+    EXPECT_EQ(e[0]["args"]["seq"], 17) << name;
+  }
 
   auto plan = Named(trace, "plan v4 (omgs)", "i");
   ASSERT_EQ(plan.size(), 1u);
