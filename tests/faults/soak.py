@@ -91,8 +91,11 @@ def main(argv=None):
     result["failures"] = failures
     print(json.dumps(result, indent=1))
     if args.out:
+        # The file also keeps every sample, [step, rss_kib, fds], to show whether a growth levels
+        # off or keeps on.
+        result["series"] = {label: [list(s) for s in samples] for label, samples in series.items()}
         with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+            json.dump(result, f)
     if failures:
         print("soak: FAIL: %s (logs in %s)" % ("; ".join(failures), job.dir), file=sys.stderr)
         return 1
