@@ -472,9 +472,14 @@ TEST_F(IntakeServerTest, AtTheOpenFileLimitConnectionsHearWhy) {
 // D11: connections refused before their handshake do not flood the log.
 TEST_F(IntakeServerTest, RefusedConnectionsAreLoggedAtALimitedRate) {
   std::ostringstream log;
+  // The default logger is swapped only while no server thread runs (spdlog's free functions use
+  // it without a lock).
+  server_->Stop();
   auto previous = spdlog::default_logger();
   spdlog::set_default_logger(std::make_shared<spdlog::logger>(
       "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  server_ = std::make_unique<IntakeServer>(path_, 0, &handler_, std::chrono::seconds(2));
+  ASSERT_TRUE(server_->Start().ok());
   for (int i = 0; i < 300; ++i) {
     int fd = Connect();
     char junk[3] = {'x', 'y', 'z'};
@@ -482,6 +487,7 @@ TEST_F(IntakeServerTest, RefusedConnectionsAreLoggedAtALimitedRate) {
     EXPECT_TRUE(ClosedByServer(fd));
     close(fd);
   }
+  server_->Stop();
   spdlog::set_default_logger(previous);
   int lines = 0;
   std::istringstream in(log.str());
