@@ -27,6 +27,19 @@ from sparsync import _wire as W  # noqa: E402
 from sparsync._errors import SparsyncError  # noqa: E402
 
 
+_started = []  # every Daemon of the current test, stopped after it whatever its outcome
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_outlives_its_test():
+    yield
+    while _started:
+        proc = _started.pop().proc
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
 class Daemon:
     """One single-node sparsyncd on a socket in its own private directory."""
 
@@ -41,6 +54,7 @@ class Daemon:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([daemon], env=env, stdout=log, stderr=subprocess.STDOUT,
                                          preexec_fn=preexec_fn, start_new_session=True)
+        _started.append(self)
 
     def wait_ready(self, timeout_s=30):
         deadline = time.monotonic() + timeout_s
