@@ -173,7 +173,7 @@ Status Daemon::StartParts() {
     if (config_.num_nodes > 1) {
       server_ = std::make_unique<negotiation::CoordinatorServer>(core_.get(),
                                                                  *server_credentials);
-      SPARSYNC_RETURN_IF_ERROR(server_->Start(config_.coordinator));
+      SPARSYNC_RETURN_IF_ERROR(server_->Start(config_.coordinator, config_.num_nodes));
       spdlog::info("coordinator serving on {}{}", config_.coordinator,
                    config_.tls.enabled() ? " (mutual TLS)" : "");
     }

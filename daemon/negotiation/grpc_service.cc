@@ -152,8 +152,14 @@ CoordinatorServer::CoordinatorServer(CoordinatorCore* core,
 
 CoordinatorServer::~CoordinatorServer() { Stop(); }
 
-Status CoordinatorServer::Start(const std::string& address) {
+Status CoordinatorServer::Start(const std::string& address, int nodes) {
   grpc::ServerBuilder builder;
+  // gRPC's synchronous server ends a thread whenever more than MAX_POLLERS (default 2) wait for
+  // work, and starts one when none does: with every node's Poll held for up to a second, that is
+  // a thread started and ended every round, and each new thread takes malloc arena pages that the
+  // old one left (issue 16's soak). Idle threads are cheap; keep one for each call in flight.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+                              2 * std::max(nodes, 1) + 2);
   int port = 0;
   builder.AddListeningPort(address, credentials_, &port);
   builder.RegisterService(service_.get());

@@ -47,8 +47,9 @@ class CoordinatorServer {
   CoordinatorServer(CoordinatorCore* core, std::shared_ptr<grpc::ServerCredentials> credentials =
                                                grpc::InsecureServerCredentials());
   ~CoordinatorServer();
-  // Binds `address` (host:port; port 0: any free one) and starts serving.
-  Status Start(const std::string& address);
+  // Binds `address` (host:port; port 0: any free one) and starts serving the `nodes` of the job
+  // (each holds a long Poll and sometimes a Report: the server keeps a thread for each).
+  Status Start(const std::string& address, int nodes = 1);
   void Stop();
   int port() const { return port_; }  // the port bound by Start
 

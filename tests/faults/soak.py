@@ -52,9 +52,12 @@ def main(argv=None):
     series = {p.label: [] for p in procs}  # label -> [(step, rss_kib, fds)]
     while any(w.poll() is None for w in job.workers):
         step = min(job.steps_done(i) for i in range(args.nodes))
+        # Only while every worker trains: a worker that has finished unmaps its regions, and the
+        # daemons' memory then falls with it.
+        running = all(w.poll() is None for w in job.workers)
         for proc in procs:
             s = cluster.sample(proc.pid)
-            if s is not None and step >= warm_step:
+            if s is not None and step >= warm_step and running:
                 series[proc.label].append((step, s[0], s[1]))
         time.sleep(args.every_s)
     elapsed = time.monotonic() - start
