@@ -51,6 +51,8 @@ class GlooTransport : public Transport {
   // A collective threw: the job's reason if Abort brings one within the grace period, else
   // Gloo's error naming the node whose connection broke; the transport is aborted either way.
   Status Failed(const std::string& what, const std::exception& e);
+  // The peer whose node an error's "[host]:port" names, or -1 (no host, or one shared by peers).
+  int NamedPeer(const std::string& gloo_error) const;
   std::string Describe(const std::string& what, const std::string& gloo_error) const;
 
   int rank_;
