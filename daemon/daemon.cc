@@ -302,8 +302,10 @@ Status Daemon::StartParts() {
 void Daemon::Stop() {
   if (stopped_) return;
   stopped_ = true;
-  const Status stopping = Aborted("the daemon of node " + std::to_string(config_.node_rank) +
-                                  " is shutting down");
+  const Status stopping = ShutdownReason(config_.node_rank);
+  // The agent's loops stop first: a poll or report that fails from here on (node 0 may be
+  // stopping too, at the end of a job) is this stop's doing, not news.
+  if (agent_) agent_->BeginStop();
   if (handler_) {
     // Every waiting worker hears it, and the agent tells the coordinator, which fails the
     // collectives of every node with this reason (a second failure changes nothing).

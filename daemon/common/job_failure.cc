@@ -23,4 +23,13 @@ bool JobFailure::failed() const {
   return !error_.ok();
 }
 
+Status ShutdownReason(int node) {
+  return Aborted("the daemon of node " + std::to_string(node) + " is shutting down");
+}
+
+bool IsShutdownReason(const Status& error, int node) {
+  const Status reason = ShutdownReason(node);
+  return error.code() == reason.code() && error.message() == reason.message();
+}
+
 }  // namespace sparsync

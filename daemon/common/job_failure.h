@@ -44,4 +44,10 @@ class JobFailure {
   std::vector<Observer> observers_;
 };
 
+// The reason a stopping daemon gives its workers and the other nodes ("the daemon of node N is
+// shutting down"), and whether an error is that reason of `node`: at the end of every job each
+// daemon gives it, which the coordinator logs as the end it is, not as a failure.
+Status ShutdownReason(int node);
+bool IsShutdownReason(const Status& error, int node);
+
 }  // namespace sparsync

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "daemon/common/job_failure.h"
 #include "daemon/negotiation/grpc_convert.h"
 #include "sparsync/v1/coordinator.grpc.pb.h"
 
@@ -98,7 +99,11 @@ grpc::Status CoordinatorHandlers::Fail(const v1::FailRequest& req) {
   Status error(code >= 1 && code <= 7 ? static_cast<StatusCode>(code) : StatusCode::kAborted,
                req.message().empty() ? "node " + std::to_string(req.node_rank()) + " failed"
                                      : req.message());
-  spdlog::error("node {} reports a failure: {}", req.node_rank(), error.message());
+  if (IsShutdownReason(error, static_cast<int>(req.node_rank()))) {
+    spdlog::info("{}", error.message());  // the end of every job, or a SIGTERM mid-job
+  } else {
+    spdlog::error("node {} reports a failure: {}", req.node_rank(), error.message());
+  }
   return ToGrpc(core_->Fail(static_cast<int>(req.node_rank()), error));
 }
 

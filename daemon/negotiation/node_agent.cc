@@ -41,12 +41,16 @@ void NodeAgent::Start() {
   poller_ = std::thread([this] { PollLoop(); });
 }
 
-void NodeAgent::Stop() {
+void NodeAgent::BeginStop() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
+}
+
+void NodeAgent::Stop() {
+  BeginStop();
   if (reporter_.joinable()) reporter_.join();
   if (poller_.joinable()) poller_.join();
 }
@@ -265,7 +269,12 @@ void NodeAgent::OnFailure(const Status& error, JobFailure::Source source) {
   if (source != JobFailure::Source::kLocal && source != JobFailure::Source::kShutdown) return;
   Status st = link_->Fail(node_rank_, error);
   if (!st.ok()) {
-    spdlog::error("could not tell the coordinator about the failure: {}", st.message());
+    if (source == JobFailure::Source::kShutdown) {
+      // At the end of a job node 0 may have stopped first: nobody is left to tell.
+      spdlog::info("the coordinator did not hear of this stop: {}", st.message());
+    } else {
+      spdlog::error("could not tell the coordinator about the failure: {}", st.message());
+    }
     PushFatal(error);
   }
 }

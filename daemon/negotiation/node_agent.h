@@ -39,6 +39,9 @@ class NodeAgent {
   ~NodeAgent();
 
   void Start();
+  // Stops the loops without waiting for them: a poll or report that fails from now on is the
+  // stop's doing, not news. Stop() joins them.
+  void BeginStop();
   void Stop();
 
   // A tensor is ready on this node. Never blocks on the network.

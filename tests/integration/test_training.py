@@ -43,3 +43,11 @@ def test_distributed_optimizer_matches_single_process(job_factory):
         np.testing.assert_allclose(results[r]["trunk_grad"], np.tile(ones.sum(0), (4, 1)),
                                    rtol=1e-6)
     job.assert_clean_after_stop(job.stop())
+    # A job that ended well says so: each daemon's stop is no failure on node 0, and a poll cut
+    # short by the daemon's own stop is no warning.
+    for i in range(4):
+        log = (job.tmp / ("d%d.log" % i)).read_text(errors="replace")
+        bad = [line for line in log.splitlines()
+               if "[error]" in line or "coordinator poll failed" in line]
+        assert not bad, "node %d's daemon, at the end of a job that went well:\n%s" % (
+            i, "\n".join(bad))
