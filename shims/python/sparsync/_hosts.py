@@ -215,8 +215,9 @@ class _Connection:
                                      close_fds=True)
         self.stderr_tail = []
         self._events, self._out_lock = events, out_lock
-        self._threads = [threading.Thread(target=f, daemon=True)
-                         for f in (self._read_stdout, self._read_stderr)]
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._threads = [threading.Thread(target=self._read_stdout, daemon=True),
+                         self._stderr_reader]
         for t in self._threads:
             t.start()
 
@@ -247,7 +248,11 @@ class _Connection:
             with self._out_lock:
                 out.write(line if line.endswith(b"\n") else line + b"\n")
                 out.flush()
-        self._events.put((self, {"ev": "closed", "rc": self.proc.wait()}))
+        rc = self.proc.wait()
+        # Its last words (ssh's "Connection timed out") may still be in the stderr pipe: the
+        # message of the "closed" event is read from stderr_tail.
+        self._stderr_reader.join(timeout=2.0)
+        self._events.put((self, {"ev": "closed", "rc": rc}))
 
     def _read_stderr(self):
         for line in iter(self.proc.stderr.readline, b""):
