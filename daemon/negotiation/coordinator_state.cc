@@ -43,7 +43,11 @@ Result<std::vector<uint32_t>> CoordinatorState::Report(int node,
   if (node < 0 || node >= options_.num_nodes) {
     return InvalidArgument("report from unknown node " + std::to_string(node));
   }
-  // Validate the whole report before changing anything.
+  // Validate the whole report before changing anything (a tensor without a name after a good one
+  // used to register the good one and fail the report: found by tests/fuzz's coordinator target).
+  for (const TensorMeta& meta : new_tensors) {
+    if (meta.name.empty()) return InvalidArgument("a tensor without a name");
+  }
   for (const ReportedReady& r : ready) {
     if (r.slot.has_value() == r.new_index.has_value()) {
       return InvalidArgument("a ready tensor needs exactly one of slot and new_index");
@@ -58,7 +62,6 @@ Result<std::vector<uint32_t>> CoordinatorState::Report(int node,
   std::vector<uint32_t> slots;
   slots.reserve(new_tensors.size());
   for (const TensorMeta& meta : new_tensors) {
-    if (meta.name.empty()) return InvalidArgument("a tensor without a name");
     auto [it, inserted] = slot_by_signature_.try_emplace(meta.SignatureKey(), 0);
     if (inserted) {
       metas_.push_back(meta);

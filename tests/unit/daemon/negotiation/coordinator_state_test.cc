@@ -87,6 +87,10 @@ TEST_F(CoordinatorStateTest, RejectsMalformedReportsWithoutChangingState) {
   both.slot = 1;
   both.new_index = 0;
   EXPECT_FALSE(s.Report(0, {Grad("w", {1})}, {both}, t0).ok());
+  // A nameless tensor after a good one: the good one is not registered either (found by the
+  // coordinator fuzz target: its slot 1 was scheduled although no report had handed it out).
+  EXPECT_FALSE(s.Report(0, {Grad("w", {1}), Grad("", {1})}, {}, t0).ok());
+  EXPECT_FALSE(s.Report(0, {}, {Slot(1)}, t0).ok());
   EXPECT_FALSE(s.failed());
 }
 
