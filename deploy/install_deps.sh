@@ -92,25 +92,43 @@ if [[ $mode == dev && ${SPARSYNC_SKIP_TENSORFLOW:-0} != 1 ]]; then
   "$tf_py" -m pip install -q --no-deps --no-build-isolation -e "$repo/shims/python"
 fi
 # The torch 2.x environment, for the PyTorch tests that tests/run.sh runs a second time there:
-# PyPI's current torch (PyPI has no CPU-only torch wheel: the Linux wheel brings the CUDA
-# libraries it links, about 3.5 GB). It lives outside the checkout, in
-# $SPARSYNC_TORCH2_VENV (default ~/.cache/sparsync/venv-torch2), so that every clone on this
-# machine (CI's included) reuses it; sparsync is not installed into it (the tests put
-# shims/python on the path). Debian's python3 without the system packages, so that Debian's
-# torch 1.13 does not shadow it. Made only with SPARSYNC_TORCH2=1 (a 3.5 GB download is more than
-# the test command's time on a fresh machine affords); a failed download is reported and skips
-# it (tests/run.sh then says the torch 2.x run did not happen).
+# PyPI's current torch. It lives outside the checkout, in $SPARSYNC_TORCH2_VENV (default
+# ~/.cache/sparsync/venv-torch2), so that every clone on this machine (CI's included) reuses it;
+# sparsync is not installed into it (the tests put shims/python on the path). Debian's python3
+# without the system packages, so that Debian's torch 1.13 does not shadow it.
+# PyPI has no CPU-only Linux torch wheel: its dependencies are about 3.5 GB of NVIDIA wheels. Most
+# of those libraries are the CUDA toolkit's, and this machine has the toolkit (/usr/local/cuda),
+# so by default (SPARSYNC_TORCH2=1) the wheel goes in without its dependencies, with its
+# pure-Python ones and the four NVIDIA libraries the toolkit lacks: about 1 GB, a minute here.
+# torch then loads the rest from the toolkit (the tests use only the CPU). Where that import
+# fails (no toolkit), SPARSYNC_TORCH2=full installs every dependency; SPARSYNC_TORCH2=0 skips it.
+# A failed install is reported and skips it (tests/run.sh then says the torch 2.x run did not
+# happen).
 torch2_pin="torch==2.15.0"
+torch2_python_deps=(filelock "typing-extensions>=4.13.0" "setuptools>=77.0.3" "sympy>=1.13.3"
+  "networkx>=2.5.1" jinja2 "fsspec>=0.8.5" numpy pytest)
+# The pins of torch 2.15.0's own requirements (its METADATA) for the libraries the toolkit lacks.
+torch2_nvidia=(nvidia-cufile==1.20.0.107 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7
+  nvidia-nvshmem-cu13==3.7.2)
 torch2_venv="${SPARSYNC_TORCH2_VENV:-$HOME/.cache/sparsync/venv-torch2}"
-if [[ $mode == dev && ${SPARSYNC_TORCH2:-0} == 1 ]]; then
+torch2_mode=${SPARSYNC_TORCH2:-1}
+if [[ $mode == dev && $torch2_mode != 0 ]]; then
   t2_py="$torch2_venv/bin/python"
-  if ! "$t2_py" -c "import importlib.metadata as m; import sys, pytest, numpy; \
+  if ! "$t2_py" -c "import importlib.metadata as m; import sys, pytest, numpy, torch; \
       sys.exit(m.version('torch') != '${torch2_pin#*==}')" 2>/dev/null; then
     echo "install_deps: installing $torch2_pin into $torch2_venv"
     mkdir -p "$(dirname "$torch2_venv")"
-    { [[ -x "$t2_py" ]] || /usr/bin/python3 -m venv "$torch2_venv"; } &&
-      "$t2_py" -m pip install -q "$torch2_pin" numpy pytest ||
-      echo "install_deps: WARNING: could not install $torch2_pin; the torch 2.x tests will not run"
+    { [[ -x "$t2_py" ]] || /usr/bin/python3 -m venv "$torch2_venv"; } && if [[ $torch2_mode == full ]]; then
+      "$t2_py" -m pip install -q "$torch2_pin" numpy pytest
+    else
+      # Dependencies first: pip then lists only the CUDA wheels left out as conflicts.
+      "$t2_py" -m pip install -q "${torch2_python_deps[@]}" &&
+        "$t2_py" -m pip install -q --no-deps "$torch2_pin" "${torch2_nvidia[@]}"
+    fi || echo "install_deps: WARNING: could not install $torch2_pin; the torch 2.x tests will not run"
+    if [[ -x "$t2_py" ]] && ! t2_error=$("$t2_py" -c "import torch" 2>&1 | tail -1); then
+      echo "install_deps: WARNING: $torch2_pin does not import ($t2_error); the torch 2.x tests" \
+        "will not run (SPARSYNC_TORCH2=full installs its CUDA libraries from PyPI)"
+    fi
   fi
 fi
 echo "install_deps: ok"

@@ -5,7 +5,8 @@
 # of the kernels' logic that runs everywhere), the daemon and kernel suites again under
 # AddressSanitizer and UBSan, the suites of the multi-threaded parts (executor stages, tensor
 # table, coordinator, NCCL transport, device layer) under ThreadSanitizer, the multi-process
-# pytest suite with real daemons (the TensorFlow shim's workers run in .venv-tf), the libFuzzer
+# pytest suite with real daemons (the TensorFlow shim's workers run in .venv-tf), its PyTorch
+# files again under PyPI's torch 2.x (~/.cache/sparsync/venv-torch2), the libFuzzer
 # targets for a fixed short time each, and three fault trials of each kind (tests/faults; they
 # need root for network namespaces).
 set -euo pipefail
@@ -50,10 +51,15 @@ echo "== pytest (multi-process, real daemons)"
 torch2_py="${SPARSYNC_TORCH2_VENV:-$HOME/.cache/sparsync/venv-torch2}/bin/python"
 if "$torch2_py" -c "import torch, pytest" 2>/dev/null; then
   echo "== pytest under torch $("$torch2_py" -c "import torch; print(torch.__version__)")"
+  # The files whose workers drive sparsync.torch: its collectives, compressors, shared-memory
+  # gradients, Horovod's names, the DDP hook and training (about 6 minutes here). The rest of the
+  # suite tests the daemon, the launchers and TensorFlow, which torch's version does not touch.
   "$torch2_py" -m pytest -q tests/integration/test_torch2.py tests/integration/test_parity.py \
-    tests/integration/test_ddp_hook.py tests/integration/test_training.py
+    tests/integration/test_ddp_hook.py tests/integration/test_training.py \
+    tests/integration/test_collectives.py tests/integration/test_compressors.py \
+    tests/integration/test_zero_copy.py
 else
-  echo "== pytest under torch 2.x: NOT RUN (no $torch2_py: SPARSYNC_TORCH2=1 deploy/install_deps.sh makes it)"
+  echo "== pytest under torch 2.x: NOT RUN (no $torch2_py: deploy/install_deps.sh makes it unless SPARSYNC_TORCH2=0; see its warning)"
 fi
 
 # About 2 minutes of fuzzing (4 targets x 25 s) after building the targets with clang; the long
