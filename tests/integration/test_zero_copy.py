@@ -4,10 +4,11 @@ as its copying path, for every way scripts drive it (tests/integration/workers/z
 import numpy as np
 import pytest
 
-SCENARIOS = ["plain", "to_none", "passes", "clip", "assigned", "layouts", "dtype", "late_group"]
+SCENARIOS = ["plain", "default", "to_none", "passes", "clip", "assigned", "layouts", "dtype", "late_group"]
 # Parameters whose gradient cannot live in shared memory as it is (their layout), or that had no
 # gradient of their own yet.
 NOT_SHARED = {"layouts": {"conv.weight", "fc.weight"}, "late_group": set()}
+IN_PLACE_FROM_STEP_1 = ["plain", "default", "passes", "clip", "layouts"]
 
 
 @pytest.mark.parametrize("compressor", ["none", "topk"])
@@ -34,7 +35,14 @@ def test_shared_gradients_give_the_copying_paths_bits(job_factory, scenario, com
         expected = everything - NOT_SHARED.get(scenario, set())
         assert shared == expected, (scenario, sorted(shared), sorted(expected))
         assert list(res[r]["shared_when_copying"]) == [], "the copying run shared memory"
-        error = str(res[r]["in_flight_error"])
-        assert "gradient of 'fc.weight' was modified while its reduction was in flight" in error, \
-            error
+        # Backward accumulated into shared memory (no copy in) from the second step on, except
+        # where the script replaced the gradients.
+        if scenario in IN_PLACE_FROM_STEP_1:
+            assert set(res[r]["in_place"].tolist()) == expected, (scenario, res[r]["in_place"])
+        elif scenario in ("to_none", "assigned"):
+            assert list(res[r]["in_place"]) == [], (scenario, res[r]["in_place"])
+        for key in ("in_flight_error", "in_flight_error_copied"):
+            error = str(res[r][key])
+            assert "gradient of 'fc.weight' was modified while its reduction was in flight" \
+                in error, (key, error)
     job.assert_clean_after_stop(job.stop())

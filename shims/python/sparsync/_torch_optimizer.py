@@ -8,8 +8,11 @@ waits for every DONE.
 
 The gradient lives in the shared buffer: after the first step p.grad is a tensor over it, so
 backward accumulates where the daemon reads and the daemon writes the average back in place, with
-no copy in either direction. Where p.grad was replaced (zero_grad(set_to_none=True), a script that
-assigns p.grad) the new gradient is copied in once and p.grad becomes the shared tensor again.
+no copy in either direction. zero_grad() without an argument zeroes such a gradient in place
+and keeps it (torch 2's own default, set_to_none=True, would make backward allocate a new one
+every step, each then copied in). Where p.grad was replaced (an explicit
+zero_grad(set_to_none=True), module.zero_grad() under torch 2, a script that assigns p.grad) the
+new gradient is copied in once and p.grad becomes the shared tensor again.
 Parameters whose layout the buffer cannot hold as is (not contiguous, channels-last, sent as
 float16 by Compression.fp16) take one copy in and one out, as the log says at debug level. As in
 Horovod, a gradient must not change while its reduction is in flight (between backward and
@@ -68,11 +71,13 @@ class _Slot:
     """One parameter's registration with the daemon, and the tensor over its shared region that
     serves as the parameter's gradient when the layout allows (`grad`, else None)."""
 
-    __slots__ = ("reg", "wire", "dtype", "grad", "version")
+    __slots__ = ("reg", "wire", "dtype", "grad", "posted", "version")
 
     def __init__(self, reg, wire, dtype, grad):
         self.reg, self.wire, self.dtype, self.grad = reg, wire, dtype, grad
-        self.version = None  # grad._version when posted (a write while in flight changes it)
+        # The p.grad that was posted and its _version then: a write while in flight changes it
+        # (in shared memory a race with the daemon; copied in, a change the result would drop).
+        self.posted, self.version = None, None
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -231,7 +236,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     scale /= self.backward_passes_per_step
                 if scale != 1.0:
                     buf.mul_(scale)
-            slot.version = slot.grad._version if slot.grad is not None else None
+            slot.posted = p.grad
+            slot.version = p.grad._version if p.grad is not None else None
             shared.client().post(reg, _cuda_stream(reg))
             self._posted[id(p)] = (p, slot, ctx)
 
@@ -250,13 +256,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if join_round is not None:
                 shared.join_round_wait(join_round)
             for p, slot, ctx in self._posted.values():
+                if slot.posted is not None and slot.posted._version != slot.version:
+                    raise SparsyncError(
+                        "the gradient of '%s' was modified while its reduction was in "
+                        "flight (between backward and step()); call optimizer.synchronize() "
+                        "before changing gradients (clipping, GradScaler.unscale_) and step() "
+                        "inside optimizer.skip_synchronize()" % self._names[id(p)])
+                slot.posted = None  # holds no replaced gradient's memory past the step
                 if slot.grad is not None:
-                    if slot.grad._version != slot.version:
-                        raise SparsyncError(
-                            "the gradient of '%s' was modified while its reduction was in "
-                            "flight (between backward and step()); call optimizer.synchronize() "
-                            "before changing gradients (clipping, GradScaler.unscale_) and step() "
-                            "inside optimizer.skip_synchronize()" % self._names[id(p)])
                     if p.grad is None or p.grad.is_sparse or not _same_memory(p.grad,
                                                                                slot.grad):
                         p.grad = slot.grad  # from now on backward accumulates into it
@@ -277,6 +284,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     slot.grad.mul_(self._predivide)
             self._sparse.restore_sparse_layout(self._posted.values())
         finally:
+            for p, slot, ctx in self._posted.values():
+                slot.posted = None
             self._posted.clear()
             for p in self._requires_update:
                 self._delay[id(p)] = self.backward_passes_per_step
@@ -302,12 +311,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
-    def zero_grad(self, *args, **kwargs):
+    def zero_grad(self, set_to_none=None):
+        """torch's zero_grad, except that without an argument a gradient living in its shared
+        buffer is zeroed in place and kept, so that the next backward accumulates into it again
+        (torch 2's default, set_to_none=True, would cost a copy per step). Every parameter has
+        a gradient after step() anyway (one without is reduced as zeros), so only the copy
+        differs. An explicit set_to_none is torch's."""
         if self._posted or self._sparse.any_posted():
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")
-        return super(self.__class__, self).zero_grad(*args, **kwargs)
+        base = super(self.__class__, self)
+        if set_to_none is not None:
+            return base.zero_grad(set_to_none=set_to_none)
+        kept = []
+        for p in self._requires_update:
+            slot = self._slots.get(id(p))
+            if slot is not None and slot.grad is not None and p.grad is not None \
+                    and not p.grad.is_sparse and _same_memory(p.grad, slot.grad):
+                kept.append((p, p.grad))
+        base.zero_grad()  # torch's default for the others
+        for p, grad in kept:
+            if p.grad is None:  # torch 2 let it go: zero it and give it back
+                grad.zero_()
+                p.grad = grad
 
     def unregister(self):
         """Releases the shared gradient buffers (the optimizer is unusable afterwards). Gradients

@@ -448,6 +448,12 @@ def broadcast_parameters(params, root_rank=0):
         _unregister_named(keys)
 
 
+def _object_from_bytes(data):
+    # The job's own ranks sent it (Horovod unpickles the same way). torch 2.6 made weights_only
+    # the default, which refuses arbitrary objects; 1.13 knows the argument too.
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
 def broadcast_object(obj, root_rank=0, name=None):
     """`obj` of rank `root_rank` (pickled), on every worker."""
     name = name or _auto_name("broadcast_object")
@@ -465,7 +471,7 @@ def broadcast_object(obj, root_rank=0, name=None):
     _unregister_named([("broadcast", name + ".len"), ("broadcast", name + ".data")])
     if rank() == root_rank:
         return obj
-    return torch.load(io.BytesIO(payload.numpy().tobytes()))
+    return _object_from_bytes(payload.numpy().tobytes())
 
 
 def allgather_object(obj, name=None):
@@ -479,7 +485,7 @@ def allgather_object(obj, name=None):
     _unregister_named([("allgather", name + ".len"), ("allgather", name + ".data")])
     out, offset = [], 0
     for n in sizes.tolist():
-        out.append(torch.load(io.BytesIO(data[offset:offset + n].numpy().tobytes())))
+        out.append(_object_from_bytes(data[offset:offset + n].numpy().tobytes()))
         offset += n
     return out
 
