@@ -262,7 +262,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         "flight (between backward and step()); call optimizer.synchronize() "
                         "before changing gradients (clipping, GradScaler.unscale_) and step() "
                         "inside optimizer.skip_synchronize()" % self._names[id(p)])
-                slot.posted = None  # holds no replaced gradient's memory past the step
                 if slot.grad is not None:
                     if p.grad is None or p.grad.is_sparse or not _same_memory(p.grad,
                                                                                slot.grad):
@@ -285,7 +284,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._sparse.restore_sparse_layout(self._posted.values())
         finally:
             for p, slot, ctx in self._posted.values():
-                slot.posted = None
+                slot.posted = None  # holds no replaced gradient's memory past the step
             self._posted.clear()
             for p in self._requires_update:
                 self._delay[id(p)] = self.backward_passes_per_step
