@@ -25,7 +25,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
-# name -> the daemons' environment. Everything else is the daemons' default: the omgs planner,
+# name -> the daemons' environment. Everything else is the daemons' default at the time of the run
+# (since 2026-12-02: the optimal planner with SPARSYNC_COMPRESS=auto),
 # merge groups under 64 KiB dense, error feedback on except for wangni and dgc.
 CONFIGS = {
     "dense": {"SPARSYNC_COMPRESSOR": "none"},
