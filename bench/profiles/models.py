@@ -13,7 +13,14 @@ Each entry of MODELS builds a model and a batch of inputs and a loss for it:
 - lstm_ptb:     2-layer LSTM language model on Penn Treebank: vocabulary 10,000, embedding and
                 hidden size 1,500, untied decoder (66.0 M parameters, the paper's LSTM-PTB),
                 35 time steps per sample.
+- fmnist_cnn:   the demo's CNN (examples/torch_fashion_mnist.py: two 3x3 convolutions, two linear
+                layers, 105 k parameters), 1x28x28 inputs, batch 64 per worker as in the demo:
+                not one of the paper's models; profiled so that the time-to-accuracy study
+                (bench/fidelity/time_to_accuracy.py) prices the model it trains.
 """
+
+import importlib.util
+import os
 
 import torch
 import torch.nn as nn
@@ -194,6 +201,20 @@ class LstmPtb(nn.Module):
 # Registry
 
 
+# ---------------------------------------------------------------------------------------------
+# The demo's Fashion-MNIST CNN
+
+
+def fmnist_cnn():
+    """examples/torch_fashion_mnist.py's Net, imported by path (the example is a script)."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(repo, "examples", "torch_fashion_mnist.py")
+    spec = importlib.util.spec_from_file_location("torch_fashion_mnist", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Net()
+
+
 class Spec:
     """How to build one model and one training batch for it."""
 
@@ -230,4 +251,6 @@ MODELS = {s.name: s for s in [
     Spec("lstm_ptb", "PTB", LstmPtb, (35,), 4,
          "2-layer LSTM, vocabulary 10000, embedding/hidden 1500, untied decoder, 35 steps, "
          "sparsync's own definition", 10000),
+    Spec("fmnist_cnn", "Fashion-MNIST", fmnist_cnn, (1, 28, 28), 64,
+         "the demo's CNN (examples/torch_fashion_mnist.py's Net), batch 64 as in the demo", 10),
 ]}
