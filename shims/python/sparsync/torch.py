@@ -339,36 +339,39 @@ def _allreduce_async(tensor, output, average, name, op, prescale_factor, postsca
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0):
+                    postscale_factor=1.0, process_set=None):
+    _check_set(process_set)
     return _allreduce_async(tensor, None, average, name, op, prescale_factor, postscale_factor)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0):
+                     postscale_factor=1.0, process_set=None):
+    _check_set(process_set)
     return _allreduce_async(tensor, tensor, average, name, op, prescale_factor, postscale_factor)
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
-              postscale_factor=1.0):
+              postscale_factor=1.0, process_set=None):
     """The average (default) or sum of `tensor` over all workers, as a new tensor."""
     compression = compression or Compression.none
     compressed, ctx = compression.compress(tensor)
     out = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
-                                      postscale_factor))
+                                      postscale_factor, process_set))
     return compression.decompress(out, ctx)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0):
+               postscale_factor=1.0, process_set=None):
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor))
+                                        postscale_factor, process_set))
 
 
 # ---------------------------------------------------------------------------------------------
 # allgather and broadcast
 
 
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=None):
+    _check_set(process_set)
     rest, dtype, device = tuple(tensor.shape[1:]), tensor.dtype, tensor.device
 
     def finish(reg, sent_dtype):
@@ -380,9 +383,9 @@ def allgather_async(tensor, name=None):
     return _enqueue("allgather", tensor, name, W.OP_ALLGATHER, Sum, 0, finish)
 
 
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=None):
     """Concatenation of every worker's `tensor` along dim 0, in rank order."""
-    return synchronize(allgather_async(tensor, name))
+    return synchronize(allgather_async(tensor, name, process_set))
 
 
 def _broadcast_async(tensor, output, root_rank, name):
@@ -400,21 +403,23 @@ def _broadcast_async(tensor, output, root_rank, name):
     return _enqueue("broadcast", tensor, name, W.OP_BROADCAST, Sum, int(root_rank), finish)
 
 
-def broadcast_async(tensor, root_rank, name=None):
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    _check_set(process_set)
     return _broadcast_async(tensor, None, root_rank, name)
 
 
-def broadcast_async_(tensor, root_rank, name=None):
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    _check_set(process_set)
     return _broadcast_async(tensor, tensor, root_rank, name)
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast(tensor, root_rank, name=None, process_set=None):
     """`tensor` of rank `root_rank`, as a new tensor on every worker."""
-    return synchronize(broadcast_async(tensor, root_rank, name))
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
-def broadcast_(tensor, root_rank, name=None):
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 def _unregister_named(keys):
@@ -454,8 +459,9 @@ def _object_from_bytes(data):
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def broadcast_object(obj, root_rank=0, name=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """`obj` of rank `root_rank` (pickled), on every worker."""
+    _check_set(process_set)
     name = name or _auto_name("broadcast_object")
     if rank() == root_rank:
         buf = io.BytesIO()
@@ -474,8 +480,9 @@ def broadcast_object(obj, root_rank=0, name=None):
     return _object_from_bytes(payload.numpy().tobytes())
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj, name=None, process_set=None):
     """A list of every worker's `obj`, in rank order."""
+    _check_set(process_set)
     name = name or _auto_name("allgather_object")
     buf = io.BytesIO()
     torch.save(obj, buf, pickle_protocol=pickle.HIGHEST_PROTOCOL)
@@ -516,6 +523,7 @@ from sparsync._torch_basics import (  # noqa: E402,F401
     rocm_built,
 )
 from sparsync._torch_collectives import (  # noqa: E402,F401
+    _check_set,
     Max,
     Min,
     Product,

@@ -120,6 +120,35 @@ if n > 1:
     except NotImplementedError as e:
         check("subset message", "global process set" in str(e), str(e))
 check("barrier on the global set", hvd.barrier(process_set=hvd.global_process_set) is None)
+gs = hvd.global_process_set
+check("allreduce on the global set",
+      torch.equal(hvd.allreduce(torch.ones(3) * r, op=hvd.Sum, process_set=gs),
+                  torch.full((3,), float(sum(range(n))))))
+t = torch.ones(2) * r
+check("allreduce_ on the global set", hvd.allreduce_(t, process_set=gs) is t and
+      torch.allclose(t, torch.full((2,), (n - 1) / 2)))
+check("allgather on the global set",
+      torch.equal(hvd.allgather(torch.tensor([r]), process_set=gs), torch.arange(n)))
+t = torch.ones(2) * r
+check("broadcast(_) on the global set",
+      torch.equal(hvd.broadcast(torch.ones(2) * r, 1 % n, process_set=gs),
+                  torch.full((2,), float(1 % n))) and
+      hvd.broadcast_(t, 0, process_set=gs) is t and torch.equal(t, torch.zeros(2)))
+check("objects on the global set",
+      hvd.broadcast_object({"r": r}, 0, process_set=gs) == {"r": 0} and
+      hvd.allgather_object(r, process_set=gs) == list(range(n)))
+if n > 1:
+    subset = hvd.ProcessSet([0])
+    for what, call in [("allreduce", lambda: hvd.allreduce(torch.ones(1), process_set=subset)),
+                       ("allgather", lambda: hvd.allgather(torch.ones(1), process_set=subset)),
+                       ("broadcast", lambda: hvd.broadcast(torch.ones(1), 0, process_set=subset)),
+                       ("broadcast_object",
+                        lambda: hvd.broadcast_object(1, 0, process_set=subset))]:
+        try:
+            call()
+            check(what + " on a subset refused", False)
+        except NotImplementedError as e:
+            check(what + " on a subset refused", "global process set" in str(e), str(e))
 
 # --- HorovodInternalError on a failed collective (shapes differ between ranks) -------------------
 if n > 1:
