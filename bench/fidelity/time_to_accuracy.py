@@ -3,6 +3,9 @@
     bench/fidelity/time_to_accuracy.py --runs DIR --task fmnist \
         --times bench/results/cluster_live_p4_resnet20_vgg16.json --model resnet20 --nodes 4 \
         [--target 88.0] [--pair dense=dense --pair topk-0.001=omgs ...] [--md out.md]
+    bench/fidelity/time_to_accuracy.py --runs DIR --task fmnist \
+        --times bench/results/cluster_dilated_p4_fmnist_cnn.json --model fmnist_cnn --nodes 4 \
+        --dilation 20      # the trained CNN's own profile on the time-dilated cluster
 
 The iterations come from bench/fidelity/convergence.py's results (DIR): the first iteration at
 which a configuration's test metric, averaged over its seeds, reaches the target, interpolated
@@ -16,8 +19,9 @@ convergence under the default planner) with every top-k merge mode the file has 
 single, fixed, omgs, optimal), which assumes the same iterations to target for each grouping.
 
 When the times are of another model than the one trained (as with the emulated cluster's
-profiles), the product is what the trained model's convergence would cost at that model's
-per-iteration speed: a proxy, and the table says so.
+profiles of the paper's models), the product is what the trained model's convergence would cost
+at that model's per-iteration speed: a proxy, and the table says so. TASK_MODELS names the
+profile of each task's own model (bench/profiles/models.py: fmnist_cnn is the demo's CNN).
 """
 
 import argparse
@@ -33,7 +37,11 @@ import convergence  # noqa: E402
 SPARSE_MODES = ("layerwise", "single", "fixed", "omgs", "optimal")
 
 
-def load_times(path, model, nodes):
+# The model each convergence task trains, as bench/profiles names its profile.
+TASK_MODELS = {"fmnist": "fmnist_cnn"}
+
+
+def load_times(path, model, nodes, dilation=None):
     """mode -> (median ms, where it came from)."""
     with open(path) as f:
         data = json.load(f)
@@ -45,7 +53,13 @@ def load_times(path, model, nodes):
             continue
         if (model and r["model"] != model) or (nodes and int(r["nodes"]) != nodes):
             continue
-        times[r["mode"]] = (float(r["median_ms"]), "%s P=%s" % (r["model"], r["nodes"]))
+        if dilation is not None and float(r.get("dilation", 1)) != dilation:
+            continue
+        if r["mode"] in times:
+            sys.exit("%s has more than one %s run of %s, P=%s: give --dilation"
+                     % (path, r["mode"], r["model"], r["nodes"]))
+        times[r["mode"]] = (float(r["median_ms"]), "%s P=%s%s" % (
+            r["model"], r["nodes"], " D=%g" % r["dilation"] if "dilation" in r else ""))
     return times
 
 
@@ -70,6 +84,8 @@ def main():
                    "{mode: ms})")
     p.add_argument("--model", help="the model of the times file to use (harness files)")
     p.add_argument("--nodes", type=int, help="the node count of the times file to use")
+    p.add_argument("--dilation", type=float,
+                   help="the time dilation of the times file to use (time-dilated harness files)")
     p.add_argument("--target", type=float,
                    help="test metric to reach (%%); default: dense's last-epoch mean minus 0.5")
     p.add_argument("--pair", action="append", default=[], metavar="CONFIG=MODE")
@@ -79,7 +95,7 @@ def main():
     runs, records = convergence.collect(args.runs, args.task)
     if not runs:
         sys.exit("no finished %s runs under %s" % (args.task, args.runs))
-    times = load_times(args.times, args.model, args.nodes)
+    times = load_times(args.times, args.model, args.nodes, args.dilation)
     if not times:
         sys.exit("no per-iteration times for model %s, P=%s in %s"
                  % (args.model, args.nodes, args.times))
@@ -100,7 +116,7 @@ def main():
     lines = ["Target: %s %.2f %%. Iterations: mean curve over seeds of `%s` runs in %s; "
              "per-iteration times: median of %s from `%s`%s." % (
                  metric, target, args.task, args.runs, source, os.path.relpath(args.times),
-                 "" if source.split()[0] == args.task else
+                 "" if source.split()[0] == TASK_MODELS.get(args.task, args.task) else
                  " (another model than the one trained: a proxy)"), "",
              "| configuration | seeds | iterations to target | cluster mode | per iteration (ms) "
              "| time to target (s) | vs dense |", "|---|---:|---:|---|---:|---:|---:|"]
