@@ -51,7 +51,8 @@ def load_times(path, model, nodes, dilation=None):
     for r in data["runs"]:
         if r.get("status", "ok") != "ok" or r.get("median_ms") is None:
             continue
-        if (model and r["model"] != model) or (nodes and int(r["nodes"]) != nodes):
+        name = os.path.splitext(os.path.basename(r["model"]))[0]  # a profile's name or path
+        if (model and name != model) or (nodes and int(r["nodes"]) != nodes):
             continue
         if dilation is not None and float(r.get("dilation", 1)) != dilation:
             continue
@@ -59,7 +60,7 @@ def load_times(path, model, nodes, dilation=None):
             sys.exit("%s has more than one %s run of %s, P=%s: give --dilation"
                      % (path, r["mode"], r["model"], r["nodes"]))
         times[r["mode"]] = (float(r["median_ms"]), "%s P=%s%s" % (
-            r["model"], r["nodes"], " D=%g" % r["dilation"] if "dilation" in r else ""))
+            name, r["nodes"], " D=%g" % r["dilation"] if "dilation" in r else ""))
     return times
 
 
