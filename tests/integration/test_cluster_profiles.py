@@ -16,7 +16,7 @@ import pipedream  # noqa: E402
 
 MODELS = {  # parameter counts of the model definitions (bench/profiles/models.py)
     "resnet20": 269722, "vgg16": 14728266, "alexnet": 61100840, "resnet50": 25557032,
-    "inception_v4": 42679816, "lstm_ptb": 66034000,
+    "inception_v4": 42679816, "lstm_ptb": 66034000, "fmnist_cnn": 105866,
 }
 
 
@@ -40,7 +40,7 @@ def test_profiles_load_with_the_models_sizes_and_measured_times(model):
     assert m["machine"]["cpu"] and "make_profiles.py" in m["command"]
     # Backward order: the classifier's gradients come first, the first layer's last.
     first = {"resnet20": "fc.", "vgg16": "2.", "alexnet": "classifier.", "resnet50": "fc.",
-             "inception_v4": "fc.", "lstm_ptb": "decoder."}[model]
+             "inception_v4": "fc.", "lstm_ptb": "decoder.", "fmnist_cnn": "fc2."}[model]
     assert tensors[0]["name"].startswith(first), tensors[0]["name"]
     schedule = model_profile.Schedule(doc, time_scale=0.5)
     assert schedule.ready_s == sorted(schedule.ready_s)
