@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "daemon/common/job_token.h"
@@ -17,6 +18,7 @@
 #include "daemon/negotiation/grpc_service.h"
 #include "daemon/negotiation/grpc_tls.h"
 #include "daemon/negotiation/node_agent.h"
+#include "daemon/negotiation/startup_heartbeat.h"
 #include "daemon/observe/counting_transport.h"
 #include "daemon/observe/metrics.h"
 #include "daemon/observe/metrics_server.h"
@@ -191,6 +193,11 @@ Status Daemon::StartParts() {
   SPARSYNC_RETURN_IF_ERROR(link_->Join(join, config_.timeout()));
   joined_ = true;
   spdlog::info("all {} node(s) joined", config_.num_nodes);
+  // Until the agent polls, the mesh and calibration may outlast the coordinator's liveness window.
+  std::optional<negotiation::StartupHeartbeat> heartbeat;
+  if (config_.node_rank != 0) {
+    heartbeat.emplace(link_, config_.node_rank, LivenessWindow(config_) / 4);
+  }
 
   store_ = std::make_unique<LinkStore>(link_);
   if (config_.transport == TransportKind::kNccl) {
@@ -289,6 +296,7 @@ Status Daemon::StartParts() {
       world, table_.get(), transport(),
       [this](std::chrono::milliseconds wait) { return agent_->Next(wait); }, &failure_,
       sparse_.get(), std::move(paths), std::move(executor_options));
+  heartbeat.reset();  // the agent polls from here on
   agent_->Start();
   executor_->Start();
   if (interrupted_) return Aborted("stopped during start-up");

@@ -31,4 +31,13 @@ inline double DgcDensityForEpoch(double target, int64_t epoch, bool warmup) {
   return kWarmup[epoch] > target ? kWarmup[epoch] : target;
 }
 
+// The same schedule over steps instead of epochs (SPARSYNC_DENSITY_WARMUP_STEPS): step `step`
+// (0-based) of a warm-up of `warmup_steps` steps falls in quarter `4 * step / warmup_steps`, which
+// takes DGC's density of that epoch; from step `warmup_steps` on (or with warmup_steps <= 0),
+// `target`.
+inline double WarmupDensity(double target, int64_t step, int64_t warmup_steps) {
+  if (warmup_steps <= 0 || step < 0 || step >= warmup_steps) return target;
+  return DgcDensityForEpoch(target, 4 * step / warmup_steps, /*warmup=*/true);
+}
+
 }  // namespace sparsync::kernels

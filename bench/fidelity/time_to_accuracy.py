@@ -111,7 +111,7 @@ def main():
     pairs = [tuple(s.split("=", 1)) for s in args.pair]
     if not pairs:
         pairs = [("dense", m) for m in ("dense", "ddp") if m in times]
-        pairs += [(convergence.TARGET_CONFIG, m) for m in SPARSE_MODES if m in times]
+        pairs += [(convergence.TARGET_CONFIGS[0], m) for m in SPARSE_MODES if m in times]
     metric = next(iter(records.values()))[0]["metric"]
     source = next(iter(times.values()))[1]
     lines = ["Target: %s %.2f %%. Iterations: mean curve over seeds of `%s` runs in %s; "

@@ -58,6 +58,7 @@ struct Config {
   uint64_t max_registered_bytes = 0;    // workers' shared regions in all; 0: physical memory
   Compressor compressor = Compressor::kTopK;
   double density = 0.001;               // fraction of elements sent (rho)
+  int density_warmup_steps = 0;         // steps of DGC's density schedule first; 0: none
   double threshold = 0;                 // threshold compressor: fixed tau; 0 = sampled quantile
   int error_feedback = -1;              // -1: the compressor's default (see ErrorFeedback())
   ValueDType value_dtype = ValueDType::kFloat32;

@@ -423,9 +423,12 @@ Config TensorConfig(const Config& base, std::optional<Compressor> compressor, fl
   return config;
 }
 
-Result<SparseReducer*> SparseReducers::For(std::optional<Compressor> compressor, float density) {
-  const Config config = TensorConfig(base_, compressor, density);
+Result<SparseReducer*> SparseReducers::For(std::optional<Compressor> compressor, float density,
+                                           uint64_t step) {
+  Config config = TensorConfig(base_, compressor, density);
   if (config.compressor == Compressor::kNone) return static_cast<SparseReducer*>(nullptr);
+  config.density = kernels::WarmupDensity(config.density, static_cast<int64_t>(step),
+                                          base_.density_warmup_steps);
   auto key = std::make_pair(config.compressor, config.density);
   auto it = reducers_.find(key);
   if (it == reducers_.end()) {

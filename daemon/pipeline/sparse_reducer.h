@@ -167,8 +167,12 @@ class SparseReducers {
  public:
   SparseReducers(Config base, int node_rank, int num_nodes, transport::Transport* transport);
   // The reducer for a tensor registered with `compressor` (nullopt: the configured one) and
-  // `density` (0: the configured one); null when that resolves to no compression.
-  Result<SparseReducer*> For(std::optional<Compressor> compressor, float density);
+  // `density` (0: the configured one) at its step `step` (0-based: round - 1), whose density
+  // follows SPARSYNC_DENSITY_WARMUP_STEPS' schedule; null when that resolves to no compression.
+  // The reducers of one compressor share the per-tensor state, so residuals carry across the
+  // warm-up's densities.
+  Result<SparseReducer*> For(std::optional<Compressor> compressor, float density,
+                             uint64_t step = 0);
   uint64_t min_compress_bytes() const { return base_.min_compress_bytes; }
   // The node's per-tensor state, shared by every reducer and the device paths.
   TensorState& state() { return state_; }

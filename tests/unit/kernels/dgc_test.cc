@@ -45,6 +45,19 @@ TEST(DgcTest, HandComputedTwoSteps) {
   }
 }
 
+TEST(DgcTest, WarmupScheduleBySteps) {
+  const double expected[] = {0.25, 0.25, 0.25, 0.0625, 0.0625, 0.0625, 0.0156, 0.0156,
+                             0.0156, 0.004, 0.004, 0.004, 0.001, 0.001};
+  for (int64_t step = 0; step < 14; ++step) {
+    EXPECT_EQ(WarmupDensity(0.001, step, 12), expected[step]) << "step " << step;
+  }
+  EXPECT_EQ(WarmupDensity(0.001, 0, 0), 0.001);     // off
+  EXPECT_EQ(WarmupDensity(0.001, 2, 3), 0.0156);    // 4 * 2 / 3 = quarter 2
+  EXPECT_EQ(WarmupDensity(0.05, 1, 4), 0.0625);
+  EXPECT_EQ(WarmupDensity(0.05, 2, 4), 0.05);       // never below the target
+  EXPECT_EQ(WarmupDensity(0.5, 0, 4), 0.5);
+}
+
 TEST(DgcTest, WarmupScheduleByEpoch) {
   EXPECT_EQ(DgcDensityForEpoch(0.001, 0, true), 0.25);
   EXPECT_EQ(DgcDensityForEpoch(0.001, 1, true), 0.0625);

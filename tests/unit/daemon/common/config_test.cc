@@ -135,6 +135,14 @@ TEST(ConfigTest, MergeNamesAPlannerOrAList) {
   EXPECT_TRUE(Parse({}, {{"SPARSYNC_PLAN_WARMUP_STEPS", "0"}}).exit);
 }
 
+TEST(ConfigTest, DensityWarmupIsOffByDefaultAndTakesSteps) {
+  EXPECT_EQ(Parse({}).config.density_warmup_steps, 0);
+  ParsedConfig p = Parse({}, {{"SPARSYNC_DENSITY_WARMUP_STEPS", "936"}});
+  ASSERT_FALSE(p.exit) << p.message;
+  EXPECT_EQ(p.config.density_warmup_steps, 936);
+  EXPECT_EQ(Parse({"--density-warmup-steps", "10"}).config.density_warmup_steps, 10);
+}
+
 struct BadValue {
   std::string env;
   std::string value;
@@ -157,6 +165,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(BadValue{"SPARSYNC_COMPRESSOR", "zip", "none, topk, randomk"},
                       BadValue{"SPARSYNC_DENSITY", "0", "(0, 1]"},
                       BadValue{"SPARSYNC_DENSITY", "1.5", "(0, 1]"},
+                      BadValue{"SPARSYNC_DENSITY_WARMUP_STEPS", "-1", "[0, 1000000000]"},
+                      BadValue{"SPARSYNC_DENSITY_WARMUP_STEPS", "many", "integer"},
                       BadValue{"SPARSYNC_ERROR_FEEDBACK", "yes", "auto, 1, 0"},
                       BadValue{"SPARSYNC_VALUE_DTYPE", "int8", "float32, float16"},
                       BadValue{"SPARSYNC_INDEX_CODING", "zip", "raw, delta"},
@@ -202,7 +212,8 @@ TEST(ConfigTest, HelpListsEveryVariableWithItsDefault) {
   }
   EXPECT_NE(p.message.find("default optimal"), std::string::npos);
   EXPECT_NE(p.message.find("env SPARSYNC_COMPRESS, default auto"), std::string::npos);
-  for (const char* var : {"SPARSYNC_PLAN_WARMUP_STEPS", "SPARSYNC_REPLAN_DRIFT",
+  for (const char* var : {"SPARSYNC_PLAN_WARMUP_STEPS", "SPARSYNC_DENSITY_WARMUP_STEPS",
+                          "SPARSYNC_REPLAN_DRIFT",
                           "SPARSYNC_REPLAN_STEPS", "SPARSYNC_CALIBRATE"}) {
     EXPECT_NE(p.message.find(var), std::string::npos) << var;
   }

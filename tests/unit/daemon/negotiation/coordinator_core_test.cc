@@ -9,6 +9,7 @@
 
 #include <thread>
 
+#include "daemon/negotiation/startup_heartbeat.h"
 #include "tests/unit/daemon/negotiation/test_util.h"
 
 namespace sparsync::negotiation {
@@ -228,6 +229,30 @@ TEST(CoordinatorCoreTest, NodeSilentPastLivenessWindowFailsTheJobNamingIt) {
   EXPECT_GE(SecondsSince(silent), 0.29);
   EXPECT_LT(SecondsSince(silent), 5.0);
   EXPECT_EQ(got[0].fatal.code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(got[0].fatal.message(), "node 1 has not contacted the coordinator"))
+      << got[0].fatal.message();
+}
+
+// A node busy in a start-up step longer than the liveness window (calibration over a slow link)
+// stays alive while its StartupHeartbeat polls for it; once the heartbeat is gone and nothing
+// polls, the window fails the job as before.
+TEST(CoordinatorCoreTest, StartupHeartbeatKeepsABusyStartingNodeAlive) {
+  CoordinatorOptions o = Options(2);
+  o.node_liveness = 300ms;
+  CoordinatorCore core(o, 2, kToken);
+  core.Start();
+  for (const Status& st : JoinAll(core, {Info(0, 2), Info(1, 2)}, 5s)) {
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  {
+    StartupHeartbeat heartbeat(&core, 1, 75ms);
+    std::this_thread::sleep_for(900ms);  // three windows without a poll of node 1's own
+    ASSERT_TRUE(core.Poll(0, 0, 0ms).value().empty()) << "failed while the heartbeat polled";
+  }
+  auto silent = std::chrono::steady_clock::now();
+  auto got = testing::PollUntil(core, 0, 0, HasFatal);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_GE(SecondsSince(silent), 0.2);
   EXPECT_TRUE(Contains(got[0].fatal.message(), "node 1 has not contacted the coordinator"))
       << got[0].fatal.message();
 }

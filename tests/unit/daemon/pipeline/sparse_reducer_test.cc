@@ -409,6 +409,55 @@ TEST(SparseReducerForgetTest, ATensorThatIsGoneLeavesNothingBehind) {
   }
 }
 
+// SPARSYNC_DENSITY_WARMUP_STEPS: a tensor's steps 0..W-1 take DGC's densities a quarter each,
+// then the target; a registered density is the target and the floor; the reducers of the
+// schedule share the node's state, so nothing kept in warm-up is lost when the density drops.
+TEST(SparseReducersWarmupTest, DensityFollowsTheScheduleAndResidualsCarryOver) {
+  Config c;
+  c.compressor = Compressor::kTopK;
+  c.density = 0.001;
+  c.density_warmup_steps = 8;
+  auto hub = std::make_shared<transport::LoopbackHub>(1);
+  transport::LoopbackTransport t(hub, 0);
+  SparseReducers reducers(c, 0, 1, &t);
+  const int64_t expected[] = {25000, 25000, 6250, 6250, 1560, 1560, 400, 400, 100, 100};
+  for (uint64_t step = 0; step < 10; ++step) {
+    auto r = reducers.For(std::nullopt, 0, step);
+    ASSERT_TRUE(r.ok() && *r != nullptr);
+    EXPECT_EQ((*r)->SelectedCount(100000), expected[step]) << "step " << step;
+  }
+  auto registered = reducers.For(std::nullopt, 0.03125f, 6);  // 0.004 < 2^-5: the tensor's own
+  ASSERT_TRUE(registered.ok());
+  EXPECT_EQ((*registered)->SelectedCount(100000), 3125);
+  auto none = reducers.For(Compressor::kNone, 0, 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr);
+
+  // Two steps, one in warm-up (density 0.25: 1000 of 4000 sent) and one after (4 sent): what was
+  // sent plus the residual is both gradients.
+  std::vector<double> gradients(kNumel, 0.0), accounted(kNumel, 0.0);
+  uint32_t tag = 0;
+  const uint64_t steps[] = {0, 8};
+  for (int i = 0; i < 2; ++i) {
+    auto r = reducers.For(std::nullopt, 0, steps[i]);
+    ASSERT_TRUE(r.ok());
+    std::vector<float> g = Gradient(0, i + 1);
+    for (size_t j = 0; j < kNumel; ++j) gradients[j] += g[j];
+    ASSERT_TRUE((*r)->Reduce(kSlices, g, steps[i] + 1, 3, 1.0, &tag).ok());
+    const auto sent = std::count_if(g.begin(), g.end(), [](float x) { return x != 0.0f; });
+    EXPECT_EQ(sent, i == 0 ? 1000 : 4) << "step " << steps[i];
+    for (size_t j = 0; j < kNumel; ++j) accounted[j] += g[j];
+  }
+  for (const auto& slice : kSlices) {
+    auto residual = reducers.state().Get(TensorState::Kind::kResidual, *slice.name);
+    ASSERT_EQ(residual.size(), slice.count);
+    for (size_t j = 0; j < slice.count; ++j) accounted[slice.offset + j] += residual[j];
+  }
+  double worst = 0;
+  for (size_t j = 0; j < kNumel; ++j) worst = std::max(worst, std::abs(accounted[j] - gradients[j]));
+  EXPECT_LT(worst, 1e-5) << "the warm-up's residual was lost when the density dropped";
+}
+
 TEST(SparseReducerNonFiniteTest, ErrorNamesTheTensorAndNode) {
   Config c;
   c.compressor = Compressor::kTopK;
