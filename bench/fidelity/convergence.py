@@ -10,8 +10,8 @@ DIR/*.lock files), and a run another driver holds (its .lock) is left to it. See
 configuration's seed 0, then seed 1, ...), so a partial sweep covers every configuration.
 `report` writes a Markdown table (mean, spread and runs per epoch) and a PNG of the curves (mean,
 band from the lowest to the highest run), and checks the target: top-k at density 0.001 with the
-default planner within 0.5 points of dense at equal epochs, without and with a one-epoch density
-warm-up (SPARSYNC_DENSITY_WARMUP_STEPS).
+default planner within 0.5 points of dense at equal epochs, without and with a density warm-up of
+one or four epochs (SPARSYNC_DENSITY_WARMUP_STEPS).
 """
 
 import argparse
@@ -38,12 +38,14 @@ CONFIGS = {
     "dgc-0.01": {"SPARSYNC_COMPRESSOR": "dgc", "SPARSYNC_DENSITY": "0.01"},
     "randomk-0.01": {"SPARSYNC_COMPRESSOR": "randomk", "SPARSYNC_DENSITY": "0.01"},
     "wangni-0.01": {"SPARSYNC_COMPRESSOR": "wangni", "SPARSYNC_DENSITY": "0.01"},
-    # DGC's density warm-up (0.25, 0.0625, 0.0156, 0.004, a quarter each) over the first epoch,
-    # then 0.001; SPARSYNC_DENSITY_WARMUP_STEPS is set from the task's steps per epoch.
+    # DGC's density warm-up (0.25, 0.0625, 0.0156, 0.004, a quarter each) over the first epoch
+    # or the first four (DGC's own length: an epoch each), then 0.001;
+    # SPARSYNC_DENSITY_WARMUP_STEPS is set from the task's steps per epoch.
     "topk-0.001-warmup1": {"SPARSYNC_COMPRESSOR": "topk", "SPARSYNC_DENSITY": "0.001"},
+    "topk-0.001-warmup4": {"SPARSYNC_COMPRESSOR": "topk", "SPARSYNC_DENSITY": "0.001"},
 }
-WARMUP_EPOCHS = {"topk-0.001-warmup1": 1}
-TARGET_CONFIGS, TARGET_POINTS = ("topk-0.001", "topk-0.001-warmup1"), 0.5
+WARMUP_EPOCHS = {"topk-0.001-warmup1": 1, "topk-0.001-warmup4": 4}
+TARGET_CONFIGS, TARGET_POINTS = ("topk-0.001", "topk-0.001-warmup1", "topk-0.001-warmup4"), 0.5
 
 
 def result_path(out, task, config, seed):

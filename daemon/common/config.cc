@@ -47,7 +47,9 @@ std::string Config::Describe() const {
     << " worker(s) per node, coordinator " << coordinator << ", listen " << listen
     << ", socket " << socket_path << ", compressor " << CompressorName(compressor);
   if (compressor != Compressor::kNone) {
-    o << " (density " << density << ", error feedback " << (ErrorFeedback() ? "on" : "off")
+    o << " (density " << density;
+    if (density_warmup_steps > 0) o << " after a warm-up of " << density_warmup_steps << " steps";
+    o << ", error feedback " << (ErrorFeedback() ? "on" : "off")
       << ", min " << min_compress_bytes << "B)";
   }
   o << ", merge ";

@@ -434,6 +434,11 @@ Result<SparseReducer*> SparseReducers::For(std::optional<Compressor> compressor,
   if (it == reducers_.end()) {
     auto created = SparseReducer::Create(config, node_rank_, num_nodes_, transport_, &state_);
     if (!created.ok()) return created.status();
+    if (base_.density_warmup_steps > 0) {
+      spdlog::info("{} at density {} from a tensor's step {} (SPARSYNC_DENSITY_WARMUP_STEPS={})",
+                   CompressorName(config.compressor), config.density, step,
+                   base_.density_warmup_steps);
+    }
     it = reducers_.emplace(key, std::move(*created)).first;
   }
   return it->second.get();
