@@ -24,7 +24,8 @@ Modes (SPARSYNC_* given to the daemons):
   optimal    topk, SPARSYNC_MERGE=optimal (exact over contiguous groupings)
   ddp, ddp_powersgd, hvd_dense, hvd_fp16, hvd_topk: the peers (peers.py; the Horovod ones need
              bench/peers/setup.sh)
-Sparse modes also get SPARSYNC_DENSITY (--density), SPARSYNC_MIN_COMPRESS_BYTES
+Sparse modes also get SPARSYNC_DENSITY (--density), SPARSYNC_DENSITY_WARMUP_STEPS
+(--density-warmup-steps, when given), SPARSYNC_MIN_COMPRESS_BYTES
 (--min-compress-bytes, default 0: every group is sparsified, as in the paper) and every
 sparsync mode SPARSYNC_PLAN_WARMUP_STEPS (--plan-warmup-steps), and the dilated timers
 SPARSYNC_CYCLE_MS (--cycle-ms x D), SPARSYNC_TIMEOUT_S and SPARSYNC_STALL_WARN_S (x D).
@@ -84,6 +85,8 @@ def mode_env(mode, args, dilation=Dilation(1)):
         return env
     env.update({"SPARSYNC_COMPRESSOR": "topk", "SPARSYNC_DENSITY": str(args.density),
                 "SPARSYNC_MIN_COMPRESS_BYTES": str(args.min_compress_bytes)})
+    if getattr(args, "density_warmup_steps", 0):
+        env["SPARSYNC_DENSITY_WARMUP_STEPS"] = str(args.density_warmup_steps)
     if mode == "fixed":
         env["SPARSYNC_MERGE"] = "fixed:%d" % (4 * args.fixed_elements)  # float32 bytes
     else:

@@ -43,6 +43,10 @@ def parse_args(argv, description=""):
                    help="SPARSYNC_PLAN_WARMUP_STEPS for the daemons (default 5)")
     p.add_argument("--density", type=float, default=0.001,
                    help="SPARSYNC_DENSITY of topk, and hvd_topk's density")
+    p.add_argument("--density-warmup-steps", type=int, default=0,
+                   help="SPARSYNC_DENSITY_WARMUP_STEPS of the sparse modes (default 0: none); "
+                        "each run's iteration_ms then spans the warm-up's densities, step = "
+                        "--warmup + index")
     p.add_argument("--fixed-elements", type=int, default=8192,
                    help="mode fixed: merge threshold in float32 elements (default 8192)")
     p.add_argument("--min-compress-bytes", default="0",

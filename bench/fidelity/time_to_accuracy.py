@@ -18,6 +18,10 @@ and top-k at density 0.001 (its
 convergence under the default planner) with every top-k merge mode the file has (layerwise,
 single, fixed, omgs, optimal), which assumes the same iterations to target for each grouping.
 
+The warm-up configurations (convergence.WARMUP_EPOCHS) are priced with --warmup-times: a harness
+run made with --density-warmup-steps gives a median per density of the warm-up and one after it,
+and each iteration to target is priced at its own density's.
+
 When the times are of another model than the one trained (as with the emulated cluster's
 profiles of the paper's models), the product is what the trained model's convergence would cost
 at that model's per-iteration speed: a proxy, and the table says so. TASK_MODELS names the
@@ -64,6 +68,41 @@ def load_times(path, model, nodes, dilation=None):
     return times
 
 
+def load_warmup_stages(path, model, nodes, dilation=None):
+    """mode -> the median ms of each density of a warm-up ([stage 0..3, after it]) and where it
+    came from, from harness runs made with --density-warmup-steps (iteration i is the tensors'
+    step meta.warmup + i)."""
+    with open(path) as f:
+        data = json.load(f)
+    stages = {}
+    for r in data.get("runs", []):
+        steps = int(r.get("env", {}).get("SPARSYNC_DENSITY_WARMUP_STEPS", 0))
+        name = os.path.splitext(os.path.basename(r["model"]))[0]
+        if (r.get("status", "ok") != "ok" or not steps or (model and name != model)
+                or (nodes and int(r["nodes"]) != nodes)
+                or (dilation is not None and float(r.get("dilation", 1)) != dilation)):
+            continue
+        parts = [[] for _ in range(5)]
+        for i, ms in enumerate(r["iteration_ms"]):
+            step = data["meta"]["warmup"] + i
+            parts[4 * step // steps if step < steps else 4].append(ms)
+        if not all(parts):
+            sys.exit("%s: the %s run measured no iteration of some warm-up density (give the "
+                     "harness --warmup W --iters N with N > 4 * SPARSYNC_DENSITY_WARMUP_STEPS / 4 "
+                     "- W)" % (path, r["mode"]))
+        stages[r["mode"]] = ([statistics.median(x) for x in parts], "%s P=%s%s" % (
+            name, r["nodes"], " D=%g" % r["dilation"] if "dilation" in r else ""))
+    return stages
+
+
+def warmup_seconds(iterations, warmup_steps, stage_ms):
+    """Time of `iterations` steps of a job whose first `warmup_steps` go through the four warm-up
+    densities (a quarter each, stage_ms[0..3] per step) and the rest at stage_ms[4]."""
+    quarter = warmup_steps / 4.0
+    ms = sum(min(max(iterations - s * quarter, 0.0), quarter) * stage_ms[s] for s in range(4))
+    return (ms + max(iterations - warmup_steps, 0.0) * stage_ms[4]) / 1000.0
+
+
 def iterations_to(target, curve, steps_per_epoch):
     """First iteration at which the per-epoch curve reaches target (linear between epochs; the
     first epoch's end when it is reached there, since nothing is measured before)."""
@@ -90,6 +129,9 @@ def main():
     p.add_argument("--target", type=float,
                    help="test metric to reach (%%); default: dense's last-epoch mean minus 0.5")
     p.add_argument("--pair", action="append", default=[], metavar="CONFIG=MODE")
+    p.add_argument("--warmup-times", help="a harness JSON of sparse runs made with "
+                   "--density-warmup-steps: prices the warm-up configurations ("
+                   + ", ".join(convergence.WARMUP_EPOCHS) + ") density by density")
     p.add_argument("--md")
     args = p.parse_args()
 
@@ -97,6 +139,8 @@ def main():
     if not runs:
         sys.exit("no finished %s runs under %s" % (args.task, args.runs))
     times = load_times(args.times, args.model, args.nodes, args.dilation)
+    warmup_stages = (load_warmup_stages(args.warmup_times, args.model, args.nodes, args.dilation)
+                     if args.warmup_times else {})
     if not times:
         sys.exit("no per-iteration times for model %s, P=%s in %s"
                  % (args.model, args.nodes, args.times))
@@ -112,6 +156,9 @@ def main():
     if not pairs:
         pairs = [("dense", m) for m in ("dense", "ddp") if m in times]
         pairs += [(convergence.TARGET_CONFIGS[0], m) for m in SPARSE_MODES if m in times]
+        if args.warmup_times:
+            pairs += [(c, m) for c in convergence.WARMUP_EPOCHS for m in SPARSE_MODES
+                      if m in warmup_stages and c in curves]
     metric = next(iter(records.values()))[0]["metric"]
     source = next(iter(times.values()))[1]
     lines = ["Target: %s %.2f %%. Iterations: mean curve over seeds of `%s` runs in %s; "
@@ -124,13 +171,21 @@ def main():
     dense_s = None
     rows = []
     for config, mode in pairs:
-        if config not in curves or mode not in times:
+        warm = config in convergence.WARMUP_EPOCHS
+        if config not in curves or mode not in (warmup_stages if warm else times):
             rows.append((config, mode, None, None, None, "missing %s" % (
-                "runs" if config not in curves else "times")))
+                "runs" if config not in curves else
+                "warm-up times (--warmup-times)" if warm else "times")))
             continue
         its = iterations_to(target, curves[config], steps[config])
-        ms = times[mode][0]
-        seconds = its * ms / 1000.0 if its is not None else None
+        if warm:  # the warm-up's own run prices every density, the one after it too
+            stage_ms = warmup_stages[mode][0]
+            warmup_steps = convergence.WARMUP_EPOCHS[config] * steps[config]
+            seconds = warmup_seconds(its, warmup_steps, stage_ms) if its is not None else None
+            ms = 1000.0 * seconds / its if its else stage_ms[4]
+        else:
+            ms = times[mode][0]
+            seconds = its * ms / 1000.0 if its is not None else None
         if config == "dense" and mode == "dense":
             dense_s = seconds
         rows.append((config, mode, its, ms, seconds, ""))
@@ -146,6 +201,14 @@ def main():
         vs = "%.2fx" % (dense_s / seconds) if dense_s else "-"
         lines.append("| %s | %d | %.0f | %s | %.1f | %.1f | %s |" % (config, n, its, mode, ms,
                                                                     seconds, vs))
+    if warmup_stages:
+        lines += ["", "Warm-up configurations: per iteration is the mean over the iterations to "
+                  "target, each priced at its density's median from `%s` (%s), a run made with "
+                  "SPARSYNC_DENSITY_WARMUP_STEPS: %s." % (
+                      os.path.relpath(args.warmup_times),
+                      next(iter(warmup_stages.values()))[1],
+                      "; ".join("%s %s ms" % (m, " / ".join("%.1f" % x for x in v[0]))
+                                for m, v in warmup_stages.items()))]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.md:

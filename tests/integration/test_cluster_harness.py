@@ -177,6 +177,37 @@ def test_dry_run_with_dilation_stretches_links_compute_and_timers_and_runs_the_p
             assert "HOROVOD_FUSION_THRESHOLD" not in env  # its fusion default
 
 
+def test_density_warmup_reaches_the_sparse_daemons_and_prices_each_density(tmp_path):
+    lines = dry_run("--nodes", "2", "--models", "resnet20_flops", "--modes", "dense,optimal",
+                    "--density-warmup-steps", "8", "--warmup", "2", "--iters", "10")
+    daemons = [_env_of(line) for line in lines if line.split(" > ")[0].endswith("sparsyncd")]
+    assert len(daemons) == 4
+    assert [d.get("SPARSYNC_DENSITY_WARMUP_STEPS") for d in daemons] == [None, None, "8", "8"]
+
+    sys.path.insert(0, str(REPO / "bench" / "fidelity"))
+    import time_to_accuracy
+    # Steps 2..11 measured: 2 3 | 4 5 | 6 7 | 8 9 10 11 in stages 1, 2, 3 and after (stage 0:
+    # steps 0 and 1, unmeasured here, so the run cannot price it).
+    results = {"meta": {"warmup": 2}, "runs": [{
+        "model": "m.json", "nodes": 2, "mode": "optimal", "status": "ok",
+        "env": {"SPARSYNC_DENSITY_WARMUP_STEPS": "8"},
+        "iteration_ms": [9, 9, 5, 7, 3, 3, 1, 1, 2, 1]}]}
+    path = tmp_path / "times.json"
+    path.write_text(json.dumps(results))
+    with pytest.raises(SystemExit):
+        time_to_accuracy.load_warmup_stages(str(path), "m", 2)
+    results["meta"]["warmup"] = 0
+    results["runs"][0]["iteration_ms"] = [40, 40, 20, 20, 10, 10, 5, 5, 1, 1, 1, 3]
+    path.write_text(json.dumps(results))
+    stages = time_to_accuracy.load_warmup_stages(str(path), "m", 2)
+    assert stages["optimal"][0] == [40, 20, 10, 5, 1]
+    # 100 steps of a 40-step warm-up: 10 steps at each density, 60 after.
+    assert time_to_accuracy.warmup_seconds(100, 40, [40, 20, 10, 5, 1]) == pytest.approx(
+        (10 * (40 + 20 + 10 + 5) + 60 * 1) / 1000.0)
+    assert time_to_accuracy.warmup_seconds(15, 40, [40, 20, 10, 5, 1]) == pytest.approx(
+        (10 * 40 + 5 * 20) / 1000.0)
+
+
 def test_dry_run_sweeps_dilations_one_network_each():
     lines = dry_run("--nodes", "2", "--models", "resnet20_flops", "--modes", "single",
                     "--dilation", "1,3,10")
