@@ -19,8 +19,9 @@ convergence under the default planner) with every top-k merge mode the file has 
 single, fixed, omgs, optimal), which assumes the same iterations to target for each grouping.
 
 The warm-up configurations (convergence.WARMUP_EPOCHS) are priced with --warmup-times: a harness
-run made with --density-warmup-steps gives a median per density of the warm-up and one after it,
-and each iteration to target is priced at its own density's.
+run made with --density-warmup-steps gives a median per density of the warm-up and one after it;
+each iteration to target is priced at its own density's, scaled so that the steps after the
+warm-up cost the plain mode's median from --times (the run of the dense baseline).
 
 When the times are of another model than the one trained (as with the emulated cluster's
 profiles of the paper's models), the product is what the trained model's convergence would cost
@@ -178,8 +179,13 @@ def main():
                 "warm-up times (--warmup-times)" if warm else "times")))
             continue
         its = iterations_to(target, curves[config], steps[config])
-        if warm:  # the warm-up's own run prices every density, the one after it too
-            stage_ms = warmup_stages[mode][0]
+        if warm:
+            # The warm-up run gives each density's cost relative to its own steps after the
+            # warm-up; the plain mode's median (the run the dense baseline came from) sets the
+            # level, so that run-to-run drift between the two files does not enter the ratio.
+            own = warmup_stages[mode][0]
+            level = times[mode][0] if mode in times else own[4]
+            stage_ms = [level * x / own[4] for x in own]
             warmup_steps = convergence.WARMUP_EPOCHS[config] * steps[config]
             seconds = warmup_seconds(its, warmup_steps, stage_ms) if its is not None else None
             ms = 1000.0 * seconds / its if its else stage_ms[4]
@@ -204,7 +210,8 @@ def main():
     if warmup_stages:
         lines += ["", "Warm-up configurations: per iteration is the mean over the iterations to "
                   "target, each priced at its density's median from `%s` (%s), a run made with "
-                  "SPARSYNC_DENSITY_WARMUP_STEPS: %s." % (
+                  "SPARSYNC_DENSITY_WARMUP_STEPS, scaled by the plain mode's median above over "
+                  "that run's own median after its warm-up (densities, then after): %s." % (
                       os.path.relpath(args.warmup_times),
                       next(iter(warmup_stages.values()))[1],
                       "; ".join("%s %s ms" % (m, " / ".join("%.1f" % x for x in v[0]))
