@@ -197,7 +197,7 @@ std::vector<Setting> Settings() {
   add("density-warmup-steps", "SPARSYNC_DENSITY_WARMUP_STEPS", "0",
       "send more over a tensor's first this many steps, a quarter each at densities 0.25, "
       "0.0625, 0.0156 and 0.004 (DGC's warm-up; never below SPARSYNC_DENSITY), then "
-      "SPARSYNC_DENSITY; 0: from the first step",
+      "SPARSYNC_DENSITY; 0: no warm-up, SPARSYNC_DENSITY from the first step",
       [](const Setting& st, const std::string& v, Config* c) {
         return SetInt(st, v, 0, 1000000000, &c->density_warmup_steps);
       });

@@ -191,9 +191,9 @@ Status Executor::FormGroup(const negotiation::ScheduleEntry& entry, Slot* slot) 
   if (!entry.dense &&
       group.elements * transport::ElementSize(acc_type) >= sparse_->min_compress_bytes()) {
     // Fused tensors share their compressor (it is part of the fusion key).
-    SPARSYNC_ASSIGN_OR_RETURN(
-        group.reducer,
-        sparse_->For(first.meta.compressor, first.meta.density, group.step > 0 ? group.step - 1 : 0));
+    const uint64_t step = group.step > 0 ? group.step - 1 : 0;  // rounds count from 1
+    SPARSYNC_ASSIGN_OR_RETURN(group.reducer,
+                              sparse_->For(first.meta.compressor, first.meta.density, step));
   }
   // A dense group of a compressing job sends its residuals along.
   if (!group.reducer) group.residuals = &sparse_->state();
