@@ -64,6 +64,17 @@ def load(path):
         return None
 
 
+def config_environment(config, task, np, seed):
+    """The daemons' settings of `config`; a warm-up configuration's steps come from the task's
+    steps per epoch at `np` workers."""
+    env = dict(CONFIGS[config])
+    if config in WARMUP_EPOCHS:
+        import tasks  # torch and the data: only for the runs that need them
+        per_epoch = tasks.TASKS[task](0, np, seed).steps_per_epoch()
+        env["SPARSYNC_DENSITY_WARMUP_STEPS"] = str(WARMUP_EPOCHS[config] * per_epoch)
+    return env
+
+
 def run(args):
     configs = args.configs.split(",") if args.configs else list(CONFIGS)
     unknown = [c for c in configs if c not in CONFIGS]
@@ -87,12 +98,7 @@ def run(args):
             extra.update(kv.split("=", 1) for kv in args.env)
             env = dict(os.environ)
             env.update(extra)
-            config_env = dict(CONFIGS[config])
-            if config in WARMUP_EPOCHS:
-                sys.path.insert(0, HERE)
-                import tasks
-                per_epoch = tasks.TASKS[args.task](0, args.np, seed).steps_per_epoch()
-                config_env["SPARSYNC_DENSITY_WARMUP_STEPS"] = str(WARMUP_EPOCHS[config] * per_epoch)
+            config_env = config_environment(config, args.task, args.np, seed)
             env.update(config_env)
             env["SPARSYNC_SEED"] = str(seed)
             command = ["nice", "-n", str(args.nice), launcher, "-np", str(args.np), python,

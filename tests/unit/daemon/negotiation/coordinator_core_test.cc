@@ -208,53 +208,58 @@ TEST(CoordinatorCoreTest, LeavingNodeFailsTheJobNamingIt) {
   EXPECT_TRUE(Contains(got[0].fatal.message(), "node 1 shut down")) << got[0].fatal.message();
 }
 
-// While node 1 polls, the job lives; once it stops for longer than the liveness window, the
-// timer fails the job naming it.
-TEST(CoordinatorCoreTest, NodeSilentPastLivenessWindowFailsTheJobNamingIt) {
+// Two nodes and a 300 ms liveness window.
+CoordinatorOptions LivenessOptions() {
   CoordinatorOptions o = Options(2);
   o.node_liveness = 300ms;
-  CoordinatorCore core(o, 2, kToken);
+  return o;
+}
+
+void StartAndJoinTwo(CoordinatorCore& core) {
   core.Start();
   for (const Status& st : JoinAll(core, {Info(0, 2), Info(1, 2)}, 5s)) {
     ASSERT_TRUE(st.ok()) << st.ToString();
   }
-  auto start = std::chrono::steady_clock::now();
-  while (SecondsSince(start) < 0.6) {  // two windows, node 1 polling every 20 ms
-    ASSERT_TRUE(core.Poll(1, 0, 20ms).value().empty());
-    ASSERT_TRUE(core.Poll(0, 0, 0ms).value().empty()) << "failed while node 1 was polling";
-  }
-  auto silent = std::chrono::steady_clock::now();
+}
+
+// Node 0 hears one fatal entry naming silent node 1, at least `min_s` after `silent` (when
+// node 1's last poll may have been) and well before a second window would explain it.
+void ExpectNodeOneFailedAsSilent(CoordinatorCore& core,
+                                 std::chrono::steady_clock::time_point silent, double min_s) {
   auto got = testing::PollUntil(core, 0, 0, HasFatal);
   ASSERT_EQ(got.size(), 1u);
-  EXPECT_GE(SecondsSince(silent), 0.29);
+  EXPECT_GE(SecondsSince(silent), min_s);
   EXPECT_LT(SecondsSince(silent), 5.0);
   EXPECT_EQ(got[0].fatal.code(), StatusCode::kUnavailable);
   EXPECT_TRUE(Contains(got[0].fatal.message(), "node 1 has not contacted the coordinator"))
       << got[0].fatal.message();
 }
 
+// While node 1 polls, the job lives; once it stops for longer than the liveness window, the
+// timer fails the job naming it.
+TEST(CoordinatorCoreTest, NodeSilentPastLivenessWindowFailsTheJobNamingIt) {
+  CoordinatorCore core(LivenessOptions(), 2, kToken);
+  ASSERT_NO_FATAL_FAILURE(StartAndJoinTwo(core));
+  auto start = std::chrono::steady_clock::now();
+  while (SecondsSince(start) < 0.6) {  // two windows, node 1 polling every 20 ms
+    ASSERT_TRUE(core.Poll(1, 0, 20ms).value().empty());
+    ASSERT_TRUE(core.Poll(0, 0, 0ms).value().empty()) << "failed while node 1 was polling";
+  }
+  ExpectNodeOneFailedAsSilent(core, std::chrono::steady_clock::now(), 0.29);
+}
+
 // A node busy in a start-up step longer than the liveness window (calibration over a slow link)
 // stays alive while its StartupHeartbeat polls for it; once the heartbeat is gone and nothing
 // polls, the window fails the job as before.
 TEST(CoordinatorCoreTest, StartupHeartbeatKeepsABusyStartingNodeAlive) {
-  CoordinatorOptions o = Options(2);
-  o.node_liveness = 300ms;
-  CoordinatorCore core(o, 2, kToken);
-  core.Start();
-  for (const Status& st : JoinAll(core, {Info(0, 2), Info(1, 2)}, 5s)) {
-    ASSERT_TRUE(st.ok()) << st.ToString();
-  }
+  CoordinatorCore core(LivenessOptions(), 2, kToken);
+  ASSERT_NO_FATAL_FAILURE(StartAndJoinTwo(core));
   {
     StartupHeartbeat heartbeat(&core, 1, 75ms);
     std::this_thread::sleep_for(900ms);  // three windows without a poll of node 1's own
     ASSERT_TRUE(core.Poll(0, 0, 0ms).value().empty()) << "failed while the heartbeat polled";
   }
-  auto silent = std::chrono::steady_clock::now();
-  auto got = testing::PollUntil(core, 0, 0, HasFatal);
-  ASSERT_EQ(got.size(), 1u);
-  EXPECT_GE(SecondsSince(silent), 0.2);
-  EXPECT_TRUE(Contains(got[0].fatal.message(), "node 1 has not contacted the coordinator"))
-      << got[0].fatal.message();
+  ExpectNodeOneFailedAsSilent(core, std::chrono::steady_clock::now(), 0.2);
 }
 
 // With a batching cycle, the timer thread flushes a batch that no later report triggers.
