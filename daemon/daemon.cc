@@ -150,6 +150,7 @@ Status Daemon::StartParts() {
   if (config_.node_rank == 0) {
     negotiation::CoordinatorOptions options;
     options.num_nodes = config_.num_nodes;
+    options.local_size = config_.local_size;
     options.bucket_bytes = config_.merge.bucket_bytes;
     options.cycle = std::chrono::microseconds(static_cast<int64_t>(config_.cycle_ms * 1000));
     options.stall_warn = config_.stall_warn();

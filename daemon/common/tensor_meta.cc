@@ -1,5 +1,6 @@
 #include "daemon/common/tensor_meta.h"
 
+#include <algorithm>
 #include <iterator>
 #include <sstream>
 
@@ -124,12 +125,24 @@ std::string ShapeText(const std::vector<int64_t>& shape, bool skip_dim0) {
 
 }  // namespace
 
+std::string RanksText(const std::vector<int32_t>& ranks) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) o << (i ? "," : "") << ranks[i];
+  o << "]";
+  return o.str();
+}
+
 std::string TensorMeta::SignatureKey() const {
   std::ostringstream o;
   o << name << '\0' << ToWire(op) << ':' << ToWire(dtype) << ':' << ToWire(reduce_op) << ':'
     << root_rank << ':' << ShapeText(shape, op == CollectiveOp::kAllGather) << ':'
-    << ToWire(compressor) << ':' << density;
+    << ToWire(compressor) << ':' << density << ':' << RanksText(members);
   return o.str();
+}
+
+bool TensorMeta::HasMember(int rank) const {
+  return members.empty() || std::binary_search(members.begin(), members.end(), rank);
 }
 
 std::string TensorMeta::Describe() const {
@@ -140,6 +153,7 @@ std::string TensorMeta::Describe() const {
   if (compressor) o << ", compressor " << CompressorName(*compressor);
   if (density != 0) o << ", density " << density;
   if (Reduces(op)) o << ", reduce " << (reduce_op == ReduceOp::kSum ? "sum" : "average");
+  if (!members.empty()) o << ", process set " << RanksText(members);
   return o.str();
 }
 

@@ -56,6 +56,9 @@ uint32_t ToWire(CollectiveOp op);
 uint32_t ToWire(ReduceOp op);
 uint32_t ToWire(std::optional<Compressor> compressor);
 
+// "[0,2,5]": a process set's ranks, for messages.
+std::string RanksText(const std::vector<int32_t>& ranks);
+
 // What identifies a tensor across nodes (see TensorMeta in coordinator.proto).
 struct TensorMeta {
   std::string name;
@@ -66,6 +69,15 @@ struct TensorMeta {
   std::vector<int64_t> shape;
   std::optional<Compressor> compressor;  // GRADIENT only; nullopt: the daemon's
   float density = 0;                     // GRADIENT only; 0: the daemon's
+  // The process set: ascending global ranks, the only workers that take part. Empty: every rank.
+  std::vector<int32_t> members;
+
+  // Whether global rank `rank` takes part (every rank when `members` is empty).
+  bool HasMember(int rank) const;
+  // How many workers take part in a job of `world_size` workers.
+  int Participants(int world_size) const {
+    return members.empty() ? world_size : static_cast<int>(members.size());
+  }
 
   // Equal keys <=> same tensor on every node. ALLGATHER ignores the first dimension.
   std::string SignatureKey() const;

@@ -1,8 +1,10 @@
 #include "daemon/intake/codec.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstring>
+#include <iterator>
 #include <string>
 
 namespace sparsync::intake {
@@ -135,6 +137,15 @@ Status ValidateRegister(const sparsync_register_msg& r) {
   if (r.op == SPARSYNC_OP_BROADCAST && r.root_rank < 0) {
     return InvalidArgument("negative broadcast root rank");
   }
+  const bool in_set =
+      std::any_of(std::begin(r.members), std::end(r.members), [](uint64_t w) { return w != 0; });
+  if (in_set && r.op == SPARSYNC_OP_GRADIENT) {
+    return InvalidArgument("gradients are exchanged among every rank: a process set takes "
+                           "explicit collectives only (allreduce, allgather, broadcast)");
+  }
+  if (in_set && r.memory != SPARSYNC_MEMORY_HOST) {
+    return InvalidArgument("a process set's collectives take host tensors only");
+  }
   return ValidateMemory(r);
 }
 
@@ -170,6 +181,11 @@ Result<TensorMeta> MetaOf(const sparsync_register_msg& r) {
   m.root_rank = m.op == CollectiveOp::kBroadcast ? r.root_rank : 0;
   m.shape.assign(r.shape, r.shape + std::min<uint32_t>(r.ndim, SPARSYNC_MAX_DIMS));
   m.density = r.density;
+  for (uint32_t w = 0; w < SPARSYNC_SET_WORDS; ++w) {
+    for (uint64_t bits = r.members[w]; bits != 0; bits &= bits - 1) {
+      m.members.push_back(static_cast<int32_t>(w * 64 + std::countr_zero(bits)));
+    }
+  }
   return m;
 }
 

@@ -76,6 +76,25 @@ void WorkerHandler::OnRegister(const std::shared_ptr<WorkerSession>& session,
                                   std::to_string(meta->root_rank) + " but the job has " +
                                   std::to_string(world_.size()) + " workers"));
   }
+  if (!meta->members.empty()) {
+    const int rank = world_.node_rank * world_.local_size + static_cast<int>(session->local_rank);
+    if (meta->members.back() >= world_.size()) {
+      return refuse(InvalidArgument("tensor '" + meta->name + "' names rank " +
+                                    std::to_string(meta->members.back()) +
+                                    " in its process set but the job has " +
+                                    std::to_string(world_.size()) + " workers"));
+    }
+    if (!meta->HasMember(rank)) {
+      return refuse(InvalidArgument("rank " + std::to_string(rank) + " registered '" +
+                                    meta->name + "' but is not in its process set " +
+                                    RanksText(meta->members)));
+    }
+    if (meta->op == CollectiveOp::kBroadcast && !meta->HasMember(meta->root_rank)) {
+      return refuse(InvalidArgument("broadcast of '" + meta->name + "' from root rank " +
+                                    std::to_string(meta->root_rank) +
+                                    ", which is not in its process set"));
+    }
+  }
   auto created = SharedRegion::Create(meta->name, meta->Bytes(), budget_);
   if (!created.ok()) return refuse(created.status());
   // A CUDA tensor's buffer and events are opened first; if the registration is refused they

@@ -10,7 +10,8 @@ namespace sparsync::negotiation {
 namespace {
 
 uint64_t FusionKey(const TensorMeta& m) {
-  if (!Reduces(m.op)) return planning::kNeverFuse;
+  // A process set's tensors go alone: the members decide each node's share of a group.
+  if (!Reduces(m.op) || !m.members.empty()) return planning::kNeverFuse;
   // Tensors fuse only if they are reduced the same way: op, dtype, reduce op and compressor.
   uint32_t density_bits;
   std::memcpy(&density_bits, &m.density, sizeof(density_bits));
@@ -45,9 +46,27 @@ Result<std::vector<uint32_t>> CoordinatorState::Report(int node,
   }
   // Validate the whole report before changing anything (a tensor without a name after a good one
   // used to register the good one and fail the report: found by tests/fuzz's coordinator target).
+  const int world_size = options_.num_nodes * options_.local_size;
   for (const TensorMeta& meta : new_tensors) {
     if (meta.name.empty()) return InvalidArgument("a tensor without a name");
+    if (meta.members.empty()) continue;
+    if (meta.members.back() >= world_size || meta.op == CollectiveOp::kGradient) {
+      return InvalidArgument("tensor '" + meta.name + "' has the process set " +
+                             RanksText(meta.members) + " in a job of " +
+                             std::to_string(world_size) + " workers");
+    }
   }
+  // Only a node that hosts a member of a tensor's process set may report it.
+  auto outside_set = [&](const TensorMeta& meta) -> Status {
+    if (meta.members.empty()) return Status::Ok();
+    const int first = node * options_.local_size;
+    auto it = std::lower_bound(meta.members.begin(), meta.members.end(), first);
+    if (it != meta.members.end() && *it < first + options_.local_size) return Status::Ok();
+    return InvalidArgument("node " + std::to_string(node) + " reported tensor '" + meta.name +
+                           "' of the process set " + RanksText(meta.members) +
+                           ", which has no rank on it");
+  };
+  for (const TensorMeta& meta : new_tensors) SPARSYNC_RETURN_IF_ERROR(outside_set(meta));
   for (const ReportedReady& r : ready) {
     if (r.slot.has_value() == r.new_index.has_value()) {
       return InvalidArgument("a ready tensor needs exactly one of slot and new_index");
@@ -55,6 +74,7 @@ Result<std::vector<uint32_t>> CoordinatorState::Report(int node,
     if (r.slot && Meta(*r.slot) == nullptr) {
       return InvalidArgument("unknown slot " + std::to_string(*r.slot));
     }
+    if (r.slot) SPARSYNC_RETURN_IF_ERROR(outside_set(*Meta(*r.slot)));
     if (r.new_index && *r.new_index >= new_tensors.size()) {
       return InvalidArgument("new_index " + std::to_string(*r.new_index) + " out of range");
     }
@@ -98,6 +118,13 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   Pending& p = it->second;
   if (inserted) {
     p.ready.assign(options_.num_nodes, false);
+    if (meta.members.empty()) {
+      p.needed.assign(options_.num_nodes, true);
+    } else {
+      p.needed.assign(options_.num_nodes, false);
+      for (int32_t r : meta.members) p.needed[r / options_.local_size] = true;
+    }
+    p.needed_count = static_cast<int>(std::count(p.needed.begin(), p.needed.end(), true));
     p.node_dims.assign(options_.num_nodes, {});
     p.node_ready_ns.assign(options_.num_nodes, 0);
     p.first_report = now;
@@ -111,7 +138,7 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   p.ready[node] = true;
   p.node_dims[node] = std::move(dims);
   p.node_ready_ns[node] = ready_ns;
-  if (++p.ready_count < options_.num_nodes) return;
+  if (++p.ready_count < p.needed_count) return;
 
   if (meta.op == CollectiveOp::kGradient) {
     // The merge scheduler measures every gradient and groups those its plan covers.
@@ -137,6 +164,8 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   if (meta.op == CollectiveOp::kAllGather) {
     for (auto& d : p.node_dims) b.tensor.worker_dim0.insert(b.tensor.worker_dim0.end(), d.begin(), d.end());
   }
+  // Nodes without a member never registered a process set's tensor: they learn it here.
+  if (!meta.members.empty()) b.tensor.meta = std::make_shared<const TensorMeta>(meta);
   b.bytes = meta.Bytes();
   b.fusion_key = FusionKey(meta);
   if (batch_.empty()) batch_started_ = now;
@@ -165,7 +194,7 @@ void CoordinatorState::AppendMergeOutputs() {
     entry.plan = std::move(out.plan);
     entry.plan_version = out.plan_version;
     entry.group_index = out.group_index;
-    for (uint32_t slot : out.group) entry.group.push_back({slot, {}, {}});
+    for (uint32_t slot : out.group) entry.group.push_back({slot, {}, {}, nullptr});
     Append(std::move(entry));
   }
 }
@@ -231,7 +260,7 @@ std::string CoordinatorState::NodeList(const Pending& p, bool ready) const {
   std::ostringstream o;
   bool first = true;
   for (int n = 0; n < options_.num_nodes; ++n) {
-    if (p.ready[n] != ready) continue;
+    if (!p.needed[n] || p.ready[n] != ready) continue;
     o << (first ? "" : ",") << n;
     first = false;
   }

@@ -27,6 +27,7 @@ namespace sparsync::negotiation {
 
 struct CoordinatorOptions {
   int num_nodes = 1;
+  int local_size = 1;  // workers per node: global rank r is on node r / local_size
   uint64_t bucket_bytes = 64ull << 20;
   Clock::duration cycle = std::chrono::milliseconds(1);
   Clock::duration stall_warn = std::chrono::seconds(60);
@@ -89,6 +90,8 @@ class CoordinatorState {
  private:
   struct Pending {
     std::vector<bool> ready;                      // per node
+    std::vector<bool> needed;                     // per node: hosts a member of the tensor's set
+    int needed_count = 0;
     std::vector<std::vector<int64_t>> node_dims;  // ALLGATHER: per node, per local worker
     std::vector<int64_t> node_ready_ns;           // per node, the node's own clock
     int ready_count = 0;
@@ -106,7 +109,7 @@ class CoordinatorState {
   void AppendMergeOutputs();
   void Flush();
   void Append(ScheduleEntry entry);
-  std::string NodeList(const Pending& p, bool ready) const;
+  std::string NodeList(const Pending& p, bool ready) const;  // of the nodes p needs
   std::string NodeName(int node) const;  // "node N", with its address when known
 
   CoordinatorOptions options_;

@@ -41,6 +41,7 @@ void ToProto(const TensorMeta& in, v1::TensorMeta* out) {
   for (int64_t d : in.shape) out->add_shape(d);
   out->set_compressor(ToWire(in.compressor));
   out->set_density(in.density);
+  for (int32_t r : in.members) out->add_members(r);
 }
 
 Result<TensorMeta> FromProto(const v1::TensorMeta& in) {
@@ -62,6 +63,13 @@ Result<TensorMeta> FromProto(const v1::TensorMeta& in) {
   m.shape.assign(in.shape().begin(), in.shape().end());
   m.compressor = *compressor;
   m.density = in.density();
+  m.members.assign(in.members().begin(), in.members().end());
+  for (size_t i = 0; i < m.members.size(); ++i) {
+    if (m.members[i] < 0 || (i > 0 && m.members[i] <= m.members[i - 1])) {
+      return context(InvalidArgument("a process set's ranks must be distinct, ascending and "
+                                     "non-negative"));
+    }
+  }
   return m;
 }
 
@@ -71,6 +79,7 @@ void ToProto(const ScheduleEntry& in, v1::ScheduleEntry* out) {
     auto* g = out->add_group();
     g->set_slot(t.slot);
     for (int64_t d : t.worker_dim0) g->add_worker_dim0(d);
+    if (t.meta) ToProto(*t.meta, g->mutable_meta());
   }
   if (!in.fatal.ok()) {
     out->set_fatal_error(in.fatal.message());
@@ -97,7 +106,15 @@ ScheduleEntry FromProto(const v1::ScheduleEntry& in) {
   ScheduleEntry e;
   e.seq = in.seq();
   for (const auto& g : in.group()) {
-    e.group.push_back({g.slot(), {g.worker_dim0().begin(), g.worker_dim0().end()}, {}});
+    e.group.push_back({g.slot(), {g.worker_dim0().begin(), g.worker_dim0().end()}, {}, nullptr});
+    if (!g.has_meta()) continue;
+    auto meta = FromProto(g.meta());
+    if (!meta.ok()) {
+      e.fatal = Internal("the schedule's entry " + std::to_string(e.seq) + ": " +
+                         meta.status().message());
+      continue;
+    }
+    e.group.back().meta = std::make_shared<const TensorMeta>(*std::move(meta));
   }
   // The code marks a fatal entry (its message may be empty); a message with no code known here
   // (a daemon of another build) is fatal too.

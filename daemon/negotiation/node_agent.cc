@@ -180,6 +180,12 @@ void NodeAgent::NameTensors(std::vector<ScheduleEntry>* entries) {
       auto known = [&] { return name_by_slot_.count(t.slot) > 0; };
       // Bounded by the deadline of the reports in flight; Stop() wakes it.
       cv_.wait(lock, [&] { return known() || reports_in_flight_ == 0 || stopping_; });
+      if (!known() && t.meta) {
+        // A process set's tensor with no member on this node: the node takes part with nothing
+        // of its own (pipeline::TensorTable::Resolve), under the name the coordinator sent.
+        t.name = t.meta->name;
+        continue;
+      }
       if (!known()) {
         e.fatal = Internal("the schedule names slot " + std::to_string(t.slot) + " which node " +
                            std::to_string(node_rank_) + " never reported");

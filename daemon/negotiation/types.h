@@ -26,10 +26,13 @@ struct ReadyTensor {
 
 struct GroupTensor {
   uint32_t slot = 0;
-  std::vector<int64_t> worker_dim0;  // ALLGATHER: every worker's first dimension, rank order
+  std::vector<int64_t> worker_dim0;  // ALLGATHER: every member's first dimension, rank order
   // The tensor's name on this node. The coordinator sends slots only; the node's agent, the one
   // owner of the slot -> name map, fills this in before the executor sees the entry.
   std::string name;
+  // A process set's tensor (TensorMeta::members): its metadata, sent along so that a node with
+  // no member, which never registered it, takes part in the exchange. Null otherwise.
+  std::shared_ptr<const TensorMeta> meta;
 };
 
 // A merge plan as every node receives it (planning/planner.h): from step `effective_step` on,

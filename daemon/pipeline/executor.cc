@@ -171,8 +171,10 @@ Status Executor::FormGroup(const negotiation::ScheduleEntry& entry, Slot* slot) 
   }
   const GroupMember& first = group.members.front();
   group.op = first.meta.op;
-  group.divisor = first.meta.reduce_op == ReduceOp::kAverage ? world_.size() : 1.0;
-  group.step = first.parts.front().round;
+  group.divisor =
+      first.meta.reduce_op == ReduceOp::kAverage ? first.meta.Participants(world_.size()) : 1.0;
+  // A node with no member of a process set's tensor holds no round of it (gradients always do).
+  group.step = first.parts.empty() ? 0 : first.parts.front().round;
   group.group_id = first.scheduled.slot;
   size_t offset = 0;
   for (const GroupMember& m : group.members) {

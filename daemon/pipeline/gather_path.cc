@@ -40,26 +40,33 @@ Status GatherPath::Exchange(Group& group, Scratch& scratch, uint32_t* tag) {
   auto& s = static_cast<Gathered&>(scratch);
   const GroupMember& member = group.members.front();
   const auto& dims = member.scheduled.worker_dim0;
-  if (dims.size() != static_cast<size_t>(world_.size())) {
+  const int participants = member.meta.Participants(world_.size());
+  if (dims.size() != static_cast<size_t>(participants)) {
     return Internal("allgather of '" + member.meta.name + "' scheduled with " +
-                    std::to_string(dims.size()) + " sizes for " + std::to_string(world_.size()) +
+                    std::to_string(dims.size()) + " sizes for " + std::to_string(participants) +
                     " workers");
   }
+  // dims[i] is the i-th participant's: global rank i, or the process set's i-th member.
+  const auto& members = member.meta.members;
+  auto rank_of = [&](int i) { return members.empty() ? i : members[i]; };
   int64_t row = 1;
   for (size_t i = 1; i < member.meta.shape.size(); ++i) row *= member.meta.shape[i];
   const size_t row_bytes = static_cast<size_t>(row) * DTypeSize(member.meta.dtype);
   std::vector<size_t> node_bytes(world_.num_nodes, 0);
   size_t total = 0;
-  for (int w = 0; w < world_.size(); ++w) {
+  for (int w = 0; w < participants; ++w) {
     if (dims[w] < 0) return Internal("negative allgather size");
-    node_bytes[w / world_.local_size] += static_cast<size_t>(dims[w]) * row_bytes;
+    node_bytes[rank_of(w) / world_.local_size] += static_cast<size_t>(dims[w]) * row_bytes;
     total += static_cast<size_t>(dims[w]) * row_bytes;
   }
   auto region = intake::SharedRegion::Create(member.meta.name + ".gathered", total);
   if (!region.ok()) return region.status();
   const size_t mine = node_bytes[world_.node_rank];
-  const void* send = member.parts.front().region->data();
-  if (world_.local_size > 1) {
+  // A node with no member of a process set sends nothing (from a valid address: the transport
+  // may hand it to its library).
+  static const char kNothing = 0;
+  const void* send = member.parts.empty() ? &kNothing : member.parts.front().region->data();
+  if (member.parts.size() > 1) {
     s.staging.resize(mine);
     size_t off = 0;
     for (const WorkerPart& part : member.parts) {

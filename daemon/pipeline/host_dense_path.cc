@@ -1,3 +1,4 @@
+#include <cstring>
 #include <vector>
 
 #include "daemon/pipeline/delivery.h"
@@ -13,8 +14,11 @@ namespace {
 // start-up. Smaller members are packed side by side and reduced with one call.
 constexpr size_t kOwnRegionBytes = size_t{1} << 20;
 
+// Every node must make the same calls: a process set's tensor, whose parts differ from node to
+// node (none on a node without a member), is always packed.
 bool ReducedInItsRegion(const GroupMember& m) {
-  return m.num_inputs() == 1 && AccumulatesInPlace(m.meta.dtype) && m.meta.Bytes() >= kOwnRegionBytes;
+  return m.meta.members.empty() && m.num_inputs() == 1 && AccumulatesInPlace(m.meta.dtype) &&
+         m.meta.Bytes() >= kOwnRegionBytes;
 }
 
 // Any dense reduction: large members in their own regions, the rest packed into the slot's
@@ -59,6 +63,9 @@ class HostDensePath final : public ReducePath {
       inputs.clear();
       // Parts summed on the node's GPUs arrive as one input.
       for (size_t r = 0; r < m.num_inputs(); ++r) inputs.push_back(m.parts[r].region->data());
+      if (inputs.empty()) {  // no member here: this node adds zeros
+        std::memset(f.buffer.data() + offset * acc_size, 0, group.slices[i].count * acc_size);
+      }
       SumInto(f.buffer.data() + offset * acc_size, inputs, group.slices[i].count, dtype);
       if (group.residuals) {  // float32: the only dtype that is compressed
         SPARSYNC_RETURN_IF_ERROR(

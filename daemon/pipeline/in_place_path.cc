@@ -13,8 +13,11 @@ class InPlacePath final : public ReducePath {
       : ReducePath("in place"), local_size_(world.local_size), transport_(transport) {}
 
   bool Takes(const Group& group) const override {
+    // Not a process set's tensor: a node without a member has no region, so every node of the
+    // job takes the packed host dense path for it.
     return Reduces(group.op) && group.reducer == nullptr && group.members.size() == 1 &&
-           local_size_ == 1 && AccumulatesInPlace(group.members[0].meta.dtype);
+           local_size_ == 1 && AccumulatesInPlace(group.members[0].meta.dtype) &&
+           group.members[0].meta.members.empty();
   }
 
   Status Prepare(Group& group, Scratch&, bool*) override {

@@ -52,6 +52,7 @@ Status TensorTable::Register(const std::shared_ptr<intake::WorkerSession>& sessi
     it->second.meta = meta;
     it->second.parts.resize(world_.local_size);
     it->second.posted.assign(world_.local_size, false);
+    for (int r = 0; r < world_.local_size; ++r) it->second.expected += meta.HasMember(GlobalRank(r));
   }
   auto part = std::make_unique<WorkerPart>();
   part->session = session;
@@ -87,7 +88,7 @@ Result<TensorTable::Posted> TensorTable::Post(const std::shared_ptr<intake::Work
     return posted;
   }
   t.posted[session->local_rank] = true;
-  if (++t.posted_count < world_.local_size) return posted;
+  if (++t.posted_count < t.expected) return posted;
   t.in_flight = true;
   t.ready_ns = NowNs();
   t.sum = NodeSum::kRegions;
@@ -96,13 +97,18 @@ Result<TensorTable::Posted> TensorTable::Post(const std::shared_ptr<intake::Work
   ready.report.meta = t.meta;
   ready.report.ready_ns = t.ready_ns;
   ready.generation = t.generation;
+  // Every part that takes part is here (posted); a process set's non-members have none.
   if (t.meta.op == CollectiveOp::kAllGather) {
-    for (const auto& p : t.parts) ready.report.worker_dim0.push_back(p->dim0);
+    for (const auto& p : t.parts) {
+      if (p) ready.report.worker_dim0.push_back(p->dim0);
+    }
   }
   bool on_device = false;
-  for (const auto& p : t.parts) on_device = on_device || p->cuda;
+  for (const auto& p : t.parts) on_device = on_device || (p && p->cuda);
   if (on_device) {
-    for (const auto& p : t.parts) ready.cuda_parts.push_back(*p);
+    for (const auto& p : t.parts) {
+      if (p) ready.cuda_parts.push_back(*p);
+    }
   }
   posted.ready = std::move(ready);
   return posted;
@@ -175,6 +181,19 @@ Result<std::vector<GroupMember>> TensorTable::Resolve(const negotiation::Schedul
   std::vector<GroupMember> members;
   for (const auto& scheduled : entry.group) {
     auto it = tensors_.find(scheduled.name);
+    if (it == tensors_.end() && scheduled.meta) {
+      bool hosts_member = false;
+      for (int r = 0; r < world_.local_size; ++r) {
+        hosts_member = hosts_member || scheduled.meta->HasMember(GlobalRank(r));
+      }
+      if (!hosts_member) {
+        GroupMember m;
+        m.meta = *scheduled.meta;
+        m.scheduled = scheduled;
+        members.push_back(std::move(m));
+        continue;
+      }
+    }
     if (it == tensors_.end() || !it->second.in_flight) {
       return Internal("tensor '" + scheduled.name +
                       "' was scheduled but is not ready on this node");
@@ -188,6 +207,7 @@ Result<std::vector<GroupMember>> TensorTable::Resolve(const negotiation::Schedul
     m.sum = t.sum;
     m.clique = t.clique;
     for (int r = 0; r < world_.local_size; ++r) {
+      if (!t.meta.HasMember(GlobalRank(r))) continue;
       if (!t.parts[r]) {
         return Aborted("local rank " + std::to_string(r) + " of node " +
                        std::to_string(world_.node_rank) + " left while '" + t.meta.name +

@@ -114,7 +114,9 @@ class TensorTable {
   // a training run started again on the same daemons must not inherit the last run's residuals.
   std::vector<std::string> TakeReleased();
 
-  // The members of a schedule entry, by the names the negotiation agent filled in.
+  // The members of a schedule entry, by the names the negotiation agent filled in. A process
+  // set's tensor with no member on this node resolves to a member with no parts: the node takes
+  // part in the exchange with nothing of its own.
   Result<std::vector<GroupMember>> Resolve(const negotiation::ScheduleEntry& entry);
   // Ends the round of `members`: resets their readiness so workers may post again. Returns the
   // members whose round was still current (the ones to answer; others were failed meanwhile).
@@ -128,6 +130,7 @@ class TensorTable {
     std::vector<std::unique_ptr<WorkerPart>> parts;  // by local rank; null: not registered
     std::vector<bool> posted;
     int posted_count = 0;
+    int expected = 0;        // local workers that take part: all, or the process set's here
     bool in_flight = false;  // reported; waiting for the schedule or executing
     int64_t ready_ns = 0;    // steady clock when the round became locally ready
     uint64_t generation = 0;
@@ -136,6 +139,7 @@ class TensorTable {
   };
 
   void EraseIfUnused(std::map<std::string, Tensor>::iterator it);  // REQUIRES: mu_ held
+  int GlobalRank(int local_rank) const { return world_.node_rank * world_.local_size + local_rank; }
   Status CheckCompatible(const Tensor& t, const TensorMeta& meta, int local_rank) const;
 
   const World world_;

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define SPARSYNC_INTAKE_MAGIC 0x59535053u /* "SPSY" little-endian */
-#define SPARSYNC_INTAKE_VERSION 3u
+#define SPARSYNC_INTAKE_VERSION 4u
 #define SPARSYNC_MAX_MESSAGE_BYTES 4096u
 #define SPARSYNC_MAX_NAME_BYTES 200u
 #define SPARSYNC_MAX_DIMS 8u
@@ -52,6 +52,8 @@ extern "C" {
 #define SPARSYNC_CUDA_IPC_HANDLE_BYTES 64u /* sizeof cudaIpcMemHandle_t, cudaIpcEventHandle_t */
 #define SPARSYNC_MAX_CUDA_DEVICES 1024u
 #define SPARSYNC_MAX_PATH_BYTES 1024u
+#define SPARSYNC_MAX_SET_RANKS 1024u /* a process set names ranks below this */
+#define SPARSYNC_SET_WORDS 16u       /* = SPARSYNC_MAX_SET_RANKS / 64 */
 
 typedef enum sparsync_msg_type {
   SPARSYNC_MSG_HELLO = 1,
@@ -192,6 +194,10 @@ typedef struct sparsync_register_msg {
   uint8_t cuda_memory[SPARSYNC_CUDA_IPC_HANDLE_BYTES];
   /* cudaIpcEventHandle_t of an interprocess event the worker records after writing the data */
   uint8_t cuda_ready_event[SPARSYNC_CUDA_IPC_HANDLE_BYTES];
+  /* The process set the tensor belongs to: bit r % 64 of members[r / 64] set for each member
+   * global rank r. All 0: every rank (the global set). Only members register and post the tensor;
+   * the collective waits for the members alone. Host tensors, and not GRADIENT. */
+  uint64_t members[SPARSYNC_SET_WORDS];
 } sparsync_register_msg;
 
 typedef struct sparsync_register_reply {
@@ -256,7 +262,7 @@ typedef struct sparsync_timeline_reply {
 static_assert(sizeof(sparsync_msg_header) == 16, "wire layout");
 static_assert(sizeof(sparsync_hello) == 96, "wire layout");
 static_assert(sizeof(sparsync_hello_reply) == 560, "wire layout");
-static_assert(sizeof(sparsync_register_msg) == 448, "wire layout");
+static_assert(sizeof(sparsync_register_msg) == 576, "wire layout");
 static_assert(sizeof(sparsync_register_reply) == 608, "wire layout");
 static_assert(sizeof(sparsync_ready) == 40, "wire layout");
 static_assert(sizeof(sparsync_done) == 560, "wire layout");

@@ -103,6 +103,19 @@ Status EncodeRegister(const sparsync_tensor_spec& spec, sparsync_register_msg* o
     m.shape[d] = spec.shape[d];
   }
   memcpy(m.name, name.data(), name_len);
+  if (spec.num_members != 0 && spec.members == nullptr) {
+    return Status(SPARSYNC_ERR_INVALID, "tensor '" + name + "': num_members without members");
+  }
+  for (uint32_t i = 0; i < spec.num_members; ++i) {
+    const int32_t r = spec.members[i];
+    if (r < 0 || r >= static_cast<int32_t>(SPARSYNC_MAX_SET_RANKS) ||
+        (i > 0 && r <= spec.members[i - 1])) {
+      return Status(SPARSYNC_ERR_INVALID,
+                    "tensor '" + name + "': a process set's ranks must be distinct, ascending "
+                    "and below " + std::to_string(SPARSYNC_MAX_SET_RANKS));
+    }
+    m.members[r / 64] |= uint64_t{1} << (r % 64);
+  }
   *out = m;
   return Status::Ok();
 }

@@ -62,7 +62,8 @@ class _TensorSpec(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("op", ctypes.c_int), ("dtype", ctypes.c_int),
                 ("reduce_op", ctypes.c_int), ("root_rank", ctypes.c_int32),
                 ("ndim", ctypes.c_uint32), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("compressor", ctypes.c_int), ("density", ctypes.c_float)]
+                ("compressor", ctypes.c_int), ("density", ctypes.c_float),
+                ("num_members", ctypes.c_uint32), ("members", ctypes.POINTER(ctypes.c_int32))]
 
 
 _lib = None
@@ -206,23 +207,25 @@ class Client:
             raise SparsyncError("sparsync client is closed (call init() first)")
 
     @staticmethod
-    def _spec(name, op, dtype, shape, reduce_op, root_rank, compressor, density):
+    def _spec(name, op, dtype, shape, reduce_op, root_rank, compressor, density, members):
         shape = tuple(int(d) for d in shape)
         if len(shape) > MAX_DIMS:
             raise SparsyncError("tensor '%s' has %d dimensions; at most %d are supported"
                                 % (name, len(shape), MAX_DIMS))
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        members = () if members is None else tuple(int(r) for r in members)
+        ranks = (ctypes.c_int32 * max(len(members), 1))(*members)
         spec = _TensorSpec(name.encode(), op, dtype, reduce_op, root_rank, len(shape), dims,
-                           compressor, density)
-        return spec, dims, shape
+                           compressor, density, len(members), ranks)
+        return spec, (dims, ranks), shape
 
     def register_cuda(self, name, op, dtype, shape, device, address, reduce_op=REDUCE_AVERAGE,
-                      root_rank=0, compressor=0, density=0.0):
+                      root_rank=0, compressor=0, density=0.0, members=None):
         """Registers a tensor that lives at device pointer `address` on CUDA `device`; the
-        memory must stay allocated until the tensor is unregistered."""
+        memory must stay allocated until the tensor is unregistered. `members`: see register."""
         self._require_open()
-        spec, _dims, shape = self._spec(name, op, dtype, shape, reduce_op, root_rank, compressor,
-                                        density)
+        spec, _arrays, shape = self._spec(name, op, dtype, shape, reduce_op, root_rank,
+                                          compressor, density, members)
         tid = ctypes.c_uint32()
         self._check(self._lib.sparsync_register_cuda_tensor(
             self._h, ctypes.byref(spec), int(device), ctypes.c_void_p(address),
@@ -232,11 +235,14 @@ class Client:
                           device=int(device))
 
     def register(self, name, op, dtype, shape, reduce_op=REDUCE_AVERAGE, root_rank=0,
-                 compressor=0, density=0.0):
-        """Registers a host tensor; its region is mapped here (Registered.region)."""
+                 compressor=0, density=0.0, members=None):
+        """Registers a host tensor; its region is mapped here (Registered.region). `members`:
+        None for every rank, else the process set (ascending global ranks, this rank's among
+        them): only they register and post the tensor, and its collective waits for them alone
+        (AVERAGE divides by their number; an allgather concatenates theirs in rank order)."""
         self._require_open()
-        spec, _dims, shape = self._spec(name, op, dtype, shape, reduce_op, root_rank, compressor,
-                                        density)
+        spec, _arrays, shape = self._spec(name, op, dtype, shape, reduce_op, root_rank,
+                                          compressor, density, members)
         tid, fd, nbytes = ctypes.c_uint32(), ctypes.c_int(-1), ctypes.c_uint64()
         self._check(self._lib.sparsync_register_tensor_fd(
             self._h, ctypes.byref(spec), ctypes.byref(tid), ctypes.byref(fd),

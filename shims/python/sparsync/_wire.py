@@ -9,7 +9,7 @@ import struct
 
 # #defines
 INTAKE_MAGIC = 0x59535053  # "SPSY" little-endian
-INTAKE_VERSION = 3
+INTAKE_VERSION = 4
 MAX_MESSAGE_BYTES = 4096
 MAX_NAME_BYTES = 200
 MAX_DIMS = 8
@@ -19,6 +19,8 @@ MAX_TENSORS_PER_WORKER = 65536
 CUDA_IPC_HANDLE_BYTES = 64
 MAX_CUDA_DEVICES = 1024
 MAX_PATH_BYTES = 1024
+MAX_SET_RANKS = 1024
+SET_WORDS = 16
 
 # sparsync_msg_type
 MSG_HELLO = 1
@@ -153,7 +155,7 @@ REGISTER = Message("sparsync_register_msg", MSG_REGISTER, [
     ("root_rank", "i"), ("name_len", "I"), ("compressor", "B"), ("memory", "B"),
     ("reserved", "2x"), ("density", "f"), ("shape", f"{MAX_DIMS}q"), ("name", _NAME),
     ("cuda_device", "i"), ("reserved2", "I"), ("cuda_offset", "Q"), ("cuda_memory", _HANDLE),
-    ("cuda_ready_event", _HANDLE)])
+    ("cuda_ready_event", _HANDLE), ("members", f"{SET_WORDS}Q")])
 REGISTER_REPLY = Message("sparsync_register_reply", MSG_REGISTER_REPLY, [
     ("tensor_id", "I"), ("status", "i"), ("region_bytes", "Q"), ("message", _ERROR),
     ("cuda_done_event", _HANDLE)])

@@ -39,6 +39,11 @@ typedef struct sparsync_tensor_spec {
   const int64_t* shape;   /* ndim entries */
   sparsync_compressor compressor; /* GRADIENT only; SPARSYNC_COMPRESSOR_DEFAULT: the daemon's */
   float density;          /* GRADIENT only; 0: the daemon's SPARSYNC_DENSITY */
+  uint32_t num_members;   /* 0: every rank. Else the process set: `members` holds this many
+                             distinct global ranks below SPARSYNC_MAX_SET_RANKS, ascending, this
+                             worker's among them; only they take part (host tensors; not
+                             GRADIENT) */
+  const int32_t* members;
 } sparsync_tensor_spec;
 
 /* What sparsync_connect_with_options needs. The library reads no environment variable: the

@@ -255,7 +255,7 @@ class CudaStagingTest : public ::testing::Test {
   // The members of an entry naming `name` in `slot`, as the negotiation agent hands it over.
   std::vector<GroupMember> Resolve(const std::string& name, uint32_t slot) {
     negotiation::ScheduleEntry entry;
-    entry.group.push_back({slot, {}, name});
+    entry.group.push_back({slot, {}, name, nullptr});
     auto members = table_->table.Resolve(entry);
     EXPECT_TRUE(members.ok()) << members.status().ToString();
     return members.ok() ? *members : std::vector<GroupMember>{};

@@ -351,8 +351,8 @@ class DeviceDenseTest : public DeviceTopKTest {
     EXPECT_EQ(WaitNotices(2), 2u);
     negotiation::ScheduleEntry entry;
     entry.seq = 1;
-    entry.group.push_back({7, {}, name_});
-    entry.group.push_back({8, {}, "fc.bias"});
+    entry.group.push_back({7, {}, name_, nullptr});
+    entry.group.push_back({8, {}, "fc.bias", nullptr});
     return entry;
   }
 

@@ -116,7 +116,7 @@ std::vector<Malformed> Corpus() {
          std::memcpy(b.data(), &h, sizeof(h));
          return b;
        },
-       "expected 448"},
+       "expected 576"},
       {"tensor id too big", [] { return RegisterWith([](auto& r) { r.tensor_id = 1u << 30; }); }, "tensor id"},
       {"unknown op", [] { return RegisterWith([](auto& r) { r.op = 9; }); }, "unknown op"},
       {"unknown dtype", [] { return RegisterWith([](auto& r) { r.dtype = 42; }); }, "unknown dtype"},
@@ -146,6 +146,11 @@ std::vector<Malformed> Corpus() {
       {"scalar allgather",
        [] { return RegisterWith([](auto& r) { r.op = SPARSYNC_OP_ALLGATHER; r.ndim = 0; r.shape[0] = r.shape[1] = 0; }); },
        "at least one dimension"},
+      {"gradient in a process set", [] { return RegisterWith([](auto& r) { r.members[0] = 0b101; }); },
+       "explicit collectives only"},
+      {"CUDA tensor in a process set",
+       [] { return CudaRegisterWith([](auto& r) { r.op = SPARSYNC_OP_ALLREDUCE; r.members[3] = 1; }); },
+       "host tensors only"},
       {"negative root",
        [] { return RegisterWith([](auto& r) { r.op = SPARSYNC_OP_BROADCAST; r.root_rank = -2; }); },
        "root"},
@@ -248,6 +253,29 @@ TEST(CodecTest, AcceptsCudaTensorsOfInPlaceOps) {
     EXPECT_EQ(std::memcmp(got.cuda_memory, r.cuda_memory, sizeof(r.cuda_memory)), 0);
     EXPECT_EQ(std::memcmp(got.cuda_ready_event, r.cuda_ready_event, sizeof(r.cuda_ready_event)), 0);
   }
+}
+
+// A process set's ranks arrive as a bitmask and leave MetaOf ascending; no bit is every rank.
+TEST(CodecTest, ProcessSetRanksComeOutAscending) {
+  sparsync_register_msg r = ValidRegister();
+  r.op = SPARSYNC_OP_ALLREDUCE;
+  auto meta = MetaOf(r);
+  ASSERT_TRUE(meta.ok());
+  EXPECT_TRUE(meta->members.empty());
+  EXPECT_TRUE(meta->HasMember(5));
+  r.members[0] = (uint64_t{1} << 63) | 0b100;  // ranks 2 and 63
+  r.members[15] = uint64_t{1} << 63;             // rank 1023, the last a set may name
+  ASSERT_TRUE(DecodeStruct(r).ok());
+  meta = MetaOf(r);
+  ASSERT_TRUE(meta.ok());
+  EXPECT_EQ(meta->members, (std::vector<int32_t>{2, 63, 1023}));
+  EXPECT_TRUE(meta->HasMember(63));
+  EXPECT_FALSE(meta->HasMember(3));
+  EXPECT_EQ(meta->Participants(2048), 3);
+  EXPECT_NE(meta->Describe().find("process set [2,63,1023]"), std::string::npos);
+  TensorMeta global = *meta;
+  global.members.clear();
+  EXPECT_NE(global.SignatureKey(), meta->SignatureKey()) << "the set is part of the signature";
 }
 
 // TIMELINE: a start names a path (no NUL, within the limit), a stop names none.

@@ -239,5 +239,104 @@ TEST_F(CoordinatorStateTest, ReportingTwiceInOneRoundIsAnError) {
   EXPECT_TRUE(s.failed());
 }
 
+
+// ---- Process sets ----
+
+TensorMeta InSet(const std::string& name, CollectiveOp op, std::vector<int32_t> members) {
+  TensorMeta m;
+  m.name = name;
+  m.op = op;
+  m.shape = {3};
+  m.members = std::move(members);
+  return m;
+}
+
+CoordinatorState MakeWithWorkers(int nodes, int local_size) {
+  CoordinatorOptions o;
+  o.num_nodes = nodes;
+  o.local_size = local_size;
+  o.cycle = milliseconds(0);
+  o.stall_warn = seconds(5);
+  o.timeout = seconds(20);
+  return CoordinatorState(o);
+}
+
+// Ranks 1 and 4 of 3 nodes x 2 workers live on nodes 0 and 2: the tensor is scheduled once those
+// two report it, node 1 never does, and the entry carries the metadata node 1 never saw.
+TEST(CoordinatorProcessSetTest, WaitsForTheMembersNodesOnlyAndSendsTheMetadata) {
+  CoordinatorState s = MakeWithWorkers(3, 2);
+  const TensorMeta m = InSet("ps1/sum", CollectiveOp::kAllReduce, {1, 4});
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s.Report(0, {m}, {New(0)}, t0).ok());
+  EXPECT_TRUE(s.EntriesAfter(0).empty());
+  ASSERT_TRUE(s.Report(2, {m}, {New(0)}, t0).ok());
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 1u);
+  ASSERT_EQ(entries[0].group.size(), 1u);
+  ASSERT_NE(entries[0].group[0].meta, nullptr);
+  EXPECT_EQ(*entries[0].group[0].meta, m);
+}
+
+TEST(CoordinatorProcessSetTest, AllGatherSizesAreTheMembersInRankOrder) {
+  CoordinatorState s = MakeWithWorkers(2, 2);
+  const TensorMeta m = InSet("ps1/g", CollectiveOp::kAllGather, {0, 1, 3});
+  const auto t0 = Clock::now();
+  ReportedReady node1 = New(0);
+  node1.worker_dim0 = {7};
+  ReportedReady node0 = New(0);
+  node0.worker_dim0 = {2, 5};
+  ASSERT_TRUE(s.Report(1, {m}, {node1}, t0).ok());
+  ASSERT_TRUE(s.Report(0, {m}, {node0}, t0).ok());
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].group[0].worker_dim0, (std::vector<int64_t>{2, 5, 7}));
+}
+
+// A set's tensors are not fused with the job's or with each other: each node's share differs.
+TEST(CoordinatorProcessSetTest, SetTensorsTravelAlone) {
+  CoordinatorState s = MakeWithWorkers(2, 1);
+  const TensorMeta a = InSet("ps1/a", CollectiveOp::kAllReduce, {0, 1});
+  const TensorMeta b = InSet("ps1/b", CollectiveOp::kAllReduce, {0, 1});
+  TensorMeta global = a;
+  global.name = "c";
+  global.members.clear();
+  const auto t0 = Clock::now();
+  for (int node : {0, 1}) {
+    ASSERT_TRUE(s.Report(node, {a, b, global}, {New(0), New(1), New(2)}, t0).ok());
+  }
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 3u);
+  for (const auto& e : entries) EXPECT_EQ(e.group.size(), 1u);
+}
+
+TEST(CoordinatorProcessSetTest, RefusesReportsFromOutsideTheSetAndRanksPastTheJob) {
+  CoordinatorState s = MakeWithWorkers(3, 2);
+  const auto t0 = Clock::now();
+  auto outside = s.Report(1, {InSet("ps1/x", CollectiveOp::kAllReduce, {0, 5})}, {New(0)}, t0);
+  ASSERT_FALSE(outside.ok());
+  EXPECT_NE(outside.status().message().find("no rank on it"), std::string::npos);
+  auto past = s.Report(0, {InSet("ps1/y", CollectiveOp::kAllReduce, {0, 6})}, {New(0)}, t0);
+  ASSERT_FALSE(past.ok());
+  EXPECT_NE(past.status().message().find("job of 6 workers"), std::string::npos);
+  EXPECT_FALSE(s.failed()) << "a malformed report is refused, not the job's end";
+  // A known slot reported later by a node outside its set is refused too.
+  uint32_t slot =
+      s.Report(0, {InSet("ps1/z", CollectiveOp::kAllReduce, {0, 5})}, {New(0)}, t0)->front();
+  EXPECT_FALSE(s.Report(1, {}, {Slot(slot)}, t0).ok());
+}
+
+// The stall names the members' nodes that did not post, never a node outside the set.
+TEST(CoordinatorProcessSetTest, TimeoutNamesOnlyTheMembersNodes) {
+  CoordinatorState s = MakeWithWorkers(4, 1);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s.Report(0, {InSet("ps1/late", CollectiveOp::kAllReduce, {0, 2})}, {New(0)}, t0).ok());
+  for (int n = 1; n < 4; ++n) s.Polled(n, 0, t0 + seconds(21));
+  s.Tick(t0 + seconds(21));
+  ASSERT_TRUE(s.failed());
+  EXPECT_NE(s.fatal().message().find("posted on node(s) 0 but not on node(s) 2 within"),
+            std::string::npos)
+      << s.fatal().message();
+}
+
 }  // namespace
 }  // namespace sparsync::negotiation

@@ -82,6 +82,11 @@ TensorMeta RandomMeta(Random& r) {
   for (size_t d = r.Below(9); d > 0; --d) m.shape.push_back(r.Coin() ? r.Below(4096) : r.I64());
   if (r.Coin()) m.compressor = static_cast<Compressor>(r.Below(kCompressorCount));
   m.density = r.Float();
+  if (r.Coin()) {  // a process set: ascending distinct ranks
+    for (int32_t rank = static_cast<int32_t>(r.Below(3)); rank < 2000; rank += 1 + r.Below(400)) {
+      m.members.push_back(rank);
+    }
+  }
   return m;
 }
 
@@ -92,6 +97,7 @@ ScheduleEntry RandomEntry(Random& r) {
     GroupTensor t;
     t.slot = r.U32();
     for (size_t d = r.Below(5); d > 0; --d) t.worker_dim0.push_back(r.I64());
+    if (r.Coin()) t.meta = std::make_shared<const TensorMeta>(RandomMeta(r));
     e.group.push_back(std::move(t));
   }
   if (r.Below(3) == 0) {
@@ -128,6 +134,10 @@ void ExpectSameEntry(const ScheduleEntry& a, const ScheduleEntry& b) {
   for (size_t i = 0; i < a.group.size(); ++i) {
     EXPECT_EQ(a.group[i].slot, b.group[i].slot);
     EXPECT_EQ(a.group[i].worker_dim0, b.group[i].worker_dim0);
+    ASSERT_EQ(a.group[i].meta != nullptr, b.group[i].meta != nullptr);
+    if (a.group[i].meta) {
+      EXPECT_EQ(*a.group[i].meta, *b.group[i].meta);
+    }
   }
   EXPECT_EQ(a.fatal.code(), b.fatal.code());
   EXPECT_EQ(a.fatal.message(), b.fatal.message());
@@ -174,13 +184,25 @@ TEST(GrpcConvertTest, EveryScheduleEntryFieldSurvivesTheWire) {
 TEST(GrpcConvertTest, AGroupEntryGainsNothing) {
   ScheduleEntry in;
   in.seq = 3;
-  in.group = {{4, {}, {}}, {9, {2, 5}, {}}};
+  in.group = {{4, {}, {}, nullptr}, {9, {2, 5}, {}, nullptr}};
   v1::ScheduleEntry proto;
   ToProto(in, &proto);
   const ScheduleEntry out = FromProto(ThroughTheWire(proto));
   EXPECT_TRUE(out.fatal.ok());
   EXPECT_EQ(out.plan, nullptr);
   ExpectSameEntry(out, in);
+}
+
+// Another node's process set must be one: ascending, distinct, non-negative ranks.
+TEST(GrpcConvertTest, AProcessSetOutOfOrderIsRefused) {
+  for (const std::vector<int32_t>& bad : std::vector<std::vector<int32_t>>{{3, 1}, {2, 2}, {-1, 4}}) {
+    TensorMeta m;
+    m.name = "ps1/x";
+    m.members = bad;
+    v1::TensorMeta proto;
+    ToProto(m, &proto);
+    EXPECT_FALSE(FromProto(ThroughTheWire(proto)).ok()) << proto.ShortDebugString();
+  }
 }
 
 // A failure whose message is empty (e.g. a node's Fail(Status(code, ""))) is still fatal on the

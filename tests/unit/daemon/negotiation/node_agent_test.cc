@@ -159,7 +159,7 @@ ScheduleEntry Group(uint64_t seq, std::vector<uint32_t> slots, uint32_t plan_ver
                     uint32_t group_index = 0) {
   ScheduleEntry e;
   e.seq = seq;
-  for (uint32_t s : slots) e.group.push_back({s, {}, {}});
+  for (uint32_t s : slots) e.group.push_back({s, {}, {}, nullptr});
   e.plan_version = plan_version;
   e.group_index = group_index;
   return e;

@@ -268,7 +268,7 @@ inline std::vector<ScheduleEntry> Schedule(const std::vector<std::vector<uint32_
   for (const auto& g : groups) {
     ScheduleEntry e;
     e.seq = first_seq++;
-    for (uint32_t t : g) e.group.push_back(GroupTensor{t + 1, {}, {}});
+    for (uint32_t t : g) e.group.push_back(GroupTensor{t + 1, {}, {}, nullptr});
     entries.push_back(std::move(e));
   }
   return entries;
