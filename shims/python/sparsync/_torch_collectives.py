@@ -13,12 +13,18 @@ dimensions may differ, a broadcast). Everything here is built on them, exactly:
 - reducescatter: an allreduce, then each rank keeps its block of rows.
 - barrier: an allreduce of one element.
 - join: see join().
+
+With a process set (process_set=, _torch_process_sets) each of them runs among the set's members
+alone: the allgathers and allreduces underneath are the set's, and sizes and positions are the
+set's (alltoall's splits and reducescatter's blocks are per set rank, Min/Max/Product/Adasum
+reduce the members' tensors in set-rank order). join() covers the global set only.
 """
 
 import time
 
 import torch
 
+from sparsync import _torch_process_sets as sets
 from sparsync import _torch_state as shared
 from sparsync._errors import SparsyncError
 from sparsync import torch as _hvd
@@ -57,8 +63,15 @@ def _adasum(gathered):
     return level[0].reshape(gathered.shape[1:]).to(gathered.dtype)
 
 
-def reduce_by_allgather_async(tensor, output, op, name, prescale_factor, postscale_factor):
-    """allreduce_async for Min, Max, Product and Adasum (module docstring)."""
+def _process_set_arg(ps):
+    """The process_set argument that makes a public function run on resolved set `ps`."""
+    return sets.global_process_set if ps is None else ps
+
+
+def reduce_by_allgather_async(tensor, output, op, name, prescale_factor, postscale_factor,
+                              ps=None):
+    """allreduce_async for Min, Max, Product and Adasum (module docstring); `ps`: the resolved
+    process set (None: the global set)."""
     if op == Adasum and not tensor.is_floating_point():
         raise ValueError("Adasum reduces floating-point tensors, not %s" % tensor.dtype)
     src = tensor.detach()
@@ -66,7 +79,8 @@ def reduce_by_allgather_async(tensor, output, op, name, prescale_factor, postsca
         src = src * prescale_factor
     shape, dtype, device = tensor.shape, tensor.dtype, tensor.device
     gname = None if name is None else "reduce.%d.%s" % (op, name)
-    handle = _hvd.allgather_async(src.reshape((1,) + tuple(shape)), name=gname)
+    handle = _hvd.allgather_async(src.reshape((1,) + tuple(shape)), name=gname,
+                                  process_set=_process_set_arg(ps))
 
     def finish(gathered):
         if op == Min:
@@ -92,10 +106,10 @@ def reduce_by_allgather_async(tensor, output, op, name, prescale_factor, postsca
 
 
 def _grouped(start, tensors, name, process_set, *args, **kwargs):
-    """One handle over `start(tensor, *args, name=part name, **kwargs)` of every tensor, all
-    posted before any is waited for."""
-    _check_set(process_set)
-    handles = [start(t, *args, name=n, **kwargs)
+    """One handle over `start(tensor, *args, name=part name, process_set=..., **kwargs)` of
+    every tensor, all posted before any is waited for."""
+    sets.resolve(process_set, "grouped collective")  # refused before any part is posted
+    handles = [start(t, *args, name=n, process_set=process_set, **kwargs)
                for t, n in zip(tensors, _parts_names(name, len(tensors)))]
     return shared.Deferred(handles, lambda *outs: list(outs))
 
@@ -151,8 +165,8 @@ def _even_splits(rows, n, what):
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
-    _check_set(process_set)
-    n, me = _hvd.size(), _hvd.rank()
+    ps = sets.resolve(process_set, "alltoall")
+    n, me = sets.set_size(ps), sets.set_rank(ps)
     rows = tensor.shape[0] if tensor.dim() else 1
     if splits is None:
         sent = _even_splits(rows, n, "alltoall")
@@ -163,8 +177,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
                              "dimension %d, got %s" % (n, rows, sent))
     base = None if name is None else "alltoall." + name
     h_splits = _hvd.allgather_async(torch.tensor([sent], dtype=torch.int64),
-                                    None if base is None else base + ".splits")
-    h_data = _hvd.allgather_async(tensor, None if base is None else base + ".data")
+                                    None if base is None else base + ".splits", process_set)
+    h_data = _hvd.allgather_async(tensor, None if base is None else base + ".data",
+                                  process_set)
 
     def finish(all_splits, data):
         matrix = all_splits.tolist()  # matrix[src][dst]: rows src sends to dst
@@ -182,7 +197,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
 def alltoall(tensor, splits=None, name=None, process_set=None):
     """Rank r sends rows splits[d] (in order) to each rank d and receives the rows every rank sends
     it, concatenated in rank order. Without splits the rows are split evenly. Returns the output,
-    and also the received splits when `splits` was given (Horovod's contract)."""
+    and also the received splits when `splits` was given (Horovod's contract). With a process
+    set, r and d are ranks within the set (splits has ps.size() entries)."""
     output, received = _hvd.synchronize(alltoall_async(tensor, splits, name, process_set))
     return output if splits is None else (output, received)
 
@@ -194,23 +210,24 @@ def _reducescatter_rows(rows, n):
 
 def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0):
-    _check_set(process_set)
+    ps = sets.resolve(process_set, "reducescatter")
     op = _hvd.Average if op is None else op
     if op not in (_hvd.Average, _hvd.Sum):
         raise ValueError("reducescatter supports op=Average or op=Sum")
     if tensor.dim() == 0:
         raise ValueError("reducescatter needs a tensor with a first dimension")
-    n, me = _hvd.size(), _hvd.rank()
+    n, me = sets.set_size(ps), sets.set_rank(ps)
     counts = _reducescatter_rows(tensor.shape[0], n)
     start = sum(counts[:me])
     handle = _hvd.allreduce_async(tensor, None, None if name is None else "reducescatter." + name,
-                                  op, prescale_factor, postscale_factor)
+                                  op, prescale_factor, postscale_factor, process_set)
     return shared.Deferred([handle], lambda full: full[start:start + counts[me]].clone())
 
 
 def reducescatter(tensor, name=None, compression=None, op=None, process_set=None,
                   prescale_factor=1.0, postscale_factor=1.0):
-    """This rank's block of rows of the reduction (default Average) of `tensor` over all ranks."""
+    """This rank's block of rows of the reduction (default Average) of `tensor` over all ranks
+    (over the members of `process_set`, blocks by set rank)."""
     compression = compression or _hvd.Compression.none
     compressed, ctx = compression.compress(tensor)
     out = _hvd.synchronize(reducescatter_async(compressed, name, op, process_set,
@@ -237,30 +254,31 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=None, process
 def sparse_allreduce_async(tensor, name=None, op=None, process_set=None):
     """The reduction of a sparse COO tensor, as Horovod does it: an allgather of every rank's
     indices and values (exact); synchronize() gives a coalesced sparse tensor, its values
-    divided by size() for Average (the default)."""
-    _check_set(process_set)
+    divided by size() (the set's size) for Average (the default)."""
+    ps = sets.resolve(process_set, "sparse_allreduce")
     op = _hvd.Average if op is None else op
     if op not in (_hvd.Average, _hvd.Sum):
         raise ValueError("sparse_allreduce supports op=Average or op=Sum")
     grad = tensor.coalesce()
     base = None if name is None else "sparse_allreduce." + name
     hi = _hvd.allgather_async(grad.indices().t().contiguous(),
-                              None if base is None else base + ".indices")
+                              None if base is None else base + ".indices", process_set)
     hv = _hvd.allgather_async(grad.values().contiguous(),
-                              None if base is None else base + ".values")
+                              None if base is None else base + ".values", process_set)
+    n = sets.set_size(ps)
 
     def finish(indices, values):
         if op == _hvd.Average:
-            values = values / _hvd.size()
+            values = values / n
         return torch.sparse_coo_tensor(indices.t(), values, grad.shape).coalesce()
 
     return shared.Deferred([hi, hv], finish)
 
 
 def barrier(process_set=None):
-    """Returns when every rank has called barrier()."""
-    _check_set(process_set)
-    _hvd.allreduce(torch.zeros(1, dtype=torch.int32), name="sparsync.barrier", op=_hvd.Sum)
+    """Returns when every rank (every member of `process_set`) has called barrier()."""
+    _hvd.allreduce(torch.zeros(1, dtype=torch.int32), name="sparsync.barrier", op=_hvd.Sum,
+                   process_set=process_set)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,9 +328,3 @@ def join(device=-1):
     # Posted once every rank is here, so that an early join never waits past the daemon's timeout.
     return int(torch.argmax(_hvd.allreduce(joined_at, name="join.last", op=_hvd.Sum)))
 
-
-def _check_set(process_set):
-    if process_set is not None:
-        from sparsync._torch_process_sets import check_global
-
-        check_global(process_set, "this collective")

@@ -21,6 +21,12 @@ step()): call synchronize() before clipping or unscaling it; a change is detecte
 A parameter on a CUDA device gets a persistent device buffer instead, shared with the daemon
 through CUDA IPC (docs/intake.md): the copy into it, the daemon's read of it and the copy of the
 result out of it are ordered on the current CUDA stream by two interprocess events.
+
+With a process set other than the global one (process_set=), the gradients are reduced among
+the set's members alone, exactly and dense: each is registered as an explicit ALLREDUCE with the
+set's members (the daemon's GRADIENT op, which it may compress, spans every rank), under
+"ps<id>/gradient.<parameter name>", in host shared memory (a CUDA gradient is copied to it and
+back); sparsify= other than Dense is refused there, and hvd.join() does not cover it.
 """
 
 import contextlib
@@ -28,6 +34,7 @@ import logging
 
 import torch
 
+from sparsync import _torch_process_sets as sets
 from sparsync import _torch_state as shared
 from sparsync import _wire as W
 from sparsync._compressors import (  # noqa: F401  (part of sparsync.torch)
@@ -83,8 +90,9 @@ class _Slot:
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=shared.Average, sparsify=None, gradient_predivide_factor=1.0,
-                 sparse_as_dense=False):
+                 sparse_as_dense=False, process_set=None):
         super(self.__class__, self).__init__(params)
+        self._process_set = process_set  # resolved: None for the global set
         self._predivide = float(gradient_predivide_factor)
         self._sparse_as_dense = bool(sparse_as_dense)
         self._sparse = _SparseGradients(self)
@@ -128,7 +136,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         shared.client()  # fail early when init() was not called
-        self._join_index = shared.add_optimizer(self)
+        # hvd.join() covers the global set's optimizers: a set's are not in its list.
+        self._join_index = shared.add_optimizer(self) if process_set is None else None
         self._track([p for p in all_params if p.requires_grad])
 
     def _track(self, params):
@@ -191,7 +200,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         compressor, density = self._sparsify.wire if self._sparsify else (0, 0.0)
         name = "gradient." + self._names[id(p)]
         grad = None
-        if p.is_cuda and p.numel() > 0:
+        ps = self._process_set
+        if ps is not None:
+            # The set's members alone: an exact ALLREDUCE of host memory (module docstring).
+            reg = client.register(sets.full_name(ps, name), W.OP_ALLREDUCE, wire,
+                                  tuple(p.shape), self._op, 0, members=sets.members(ps))
+            if self._in_place_capable(p, dtype):
+                grad = shared.buffer_view(reg, dtype).view(p.shape)
+        elif p.is_cuda and p.numel() > 0:
             # CUDA IPC intake: a persistent device buffer the daemon reads and writes in place.
             buf = torch.empty(p.numel(), dtype=dtype, device=p.device)
             reg = client.register_cuda(name, W.OP_GRADIENT, wire, tuple(p.shape), buf.device.index,
@@ -248,7 +264,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if id(p) not in self._posted and not self._sparse.posted(p):
                 self._post(p)  # no gradient this step (or not enough passes): still take part
         client = shared.client()
-        join_round = None if shared.state.joined else shared.join_round_post(self)
+        join_round = None if shared.state.joined or self._join_index is None \
+            else shared.join_round_post(self)
         try:
             for p, slot, ctx in self._posted.values():
                 shared.wait(client, slot.reg, _cuda_stream(slot.reg))
@@ -376,9 +393,10 @@ class _SparseGradients:
                                                        dtype=p.dtype), p.shape)
         grad = grad.detach().coalesce()
         name = "sparse_gradient." + self._opt._names[id(p)]
+        ps = self._opt._process_set or sets.global_process_set
         # Indices are gathered transposed (one row per nonzero) so that ranks' rows concatenate.
-        hi = hvd.allgather_async(grad.indices().t().contiguous(), name + ".indices")
-        hv = hvd.allgather_async(grad.values().contiguous(), name + ".values")
+        hi = hvd.allgather_async(grad.indices().t().contiguous(), name + ".indices", ps)
+        hv = hvd.allgather_async(grad.values().contiguous(), name + ".values", ps)
         self._posted[id(p)] = (p, hi, hv)
         return True
 
@@ -392,11 +410,12 @@ class _SparseGradients:
         """Waits for the posted allgathers and sets each p.grad to the gathered sparse tensor."""
         from sparsync import torch as hvd
 
+        n = sets.set_size(self._opt._process_set)
         try:
             for p, hi, hv in self._posted.values():
                 indices, values = hvd.synchronize(hi), hvd.synchronize(hv)
                 if self._opt._op == shared.Average:
-                    values = values / hvd.size()
+                    values = values / n
                 p.grad = torch.sparse_coo_tensor(indices.t(), values, p.shape).coalesce()
         finally:
             self._posted.clear()
@@ -435,8 +454,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     before the sum and by f/size after it. sparse_as_dense: sparse gradients are densified and
     reduced like the others (then made sparse again); otherwise they go through an allgather
     (_SparseGradients). num_groups and groups are accepted: the daemon's planner forms its own
-    merge groups (SPARSYNC_MERGE), which changes timing, never values. process_set: only the
-    global set. op=Adasum is refused (see sparsync.torch.Adasum's explanation in README).
+    merge groups (SPARSYNC_MERGE), which changes timing, never values. op=Adasum is refused (see
+    sparsync.torch.Adasum's explanation in README).
+
+    process_set: an added hvd.ProcessSet of which this rank is a member; only its members make
+    and step the optimizer, and the gradients are averaged (or summed) over them alone. Such a
+    set's gradients go as exact, dense allreduces (the daemon does not sparsify within a set):
+    sparsify= other than Dense() raises NotImplementedError. hvd.join() covers only optimizers of
+    the global set. The global set (the default) is the path described above.
     """
     if op == shared.Adasum:
         raise ValueError(
@@ -457,15 +482,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             raise ValueError("groups must be an int or a list of lists of parameters")
         _log.info("DistributedOptimizer: num_groups/groups accepted; the daemon's planner forms "
                   "the merge groups (SPARSYNC_MERGE)")
-    if process_set is not None:
-        from sparsync._torch_process_sets import check_global
-
-        check_global(process_set, "DistributedOptimizer")
+    ps = sets.resolve(process_set, "DistributedOptimizer")
+    if ps is not None and isinstance(sparsify, Sparsify) and sparsify.name != "none":
+        raise NotImplementedError(
+            "DistributedOptimizer(process_set=%s, sparsify=%r): sparsync reduces a process set's "
+            "gradients exactly and dense (an allreduce among its members); the daemon's "
+            "sparsified exchange spans every rank. Drop sparsify= for this optimizer, or use the "
+            "global set" % (ps, sparsify))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression,
                   backward_passes_per_step, op, sparsify, gradient_predivide_factor,
-                  sparse_as_dense)
+                  sparse_as_dense, ps)
     # Groups added later (add_param_group) take their missing settings from the optimizer the
     # user made, not from the class's signature.
     wrapped.defaults = dict(optimizer.defaults)

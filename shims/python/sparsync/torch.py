@@ -18,6 +18,7 @@ from sparsync import _client as C
 from sparsync import _wire as W
 from sparsync._errors import HorovodInternalError, SparsyncError
 from sparsync._paths import default_socket_path
+from sparsync import _torch_process_sets as _sets
 from sparsync._torch_optimizer import (  # noqa: F401  (part of sparsync.torch)
     DGC,
     Compression,
@@ -96,6 +97,11 @@ def _env_int(name, slurm_name, default):
 def init(comm=None, process_sets=None):
     """Connects this worker to its node's sparsyncd (SPARSYNC_SOCKET). Idempotent.
 
+    process_sets: None, "dynamic" (the same as None: sets can always be added later), or a list
+    of hvd.ProcessSet (or of rank lists), added in order with ids 1, 2, ...; every rank must pass
+    the same list. A duplicate set raises ValueError (and leaves sparsync uninitialized).
+    `comm` is accepted for Horovod's signature; sparsync has no MPI.
+
     Every SPARSYNC_* setting of a worker is read here; the client library reads none."""
     with _state.lock:
         if _state.client is not None:
@@ -124,6 +130,11 @@ def init(comm=None, process_sets=None):
                                                   local, local_var or "the default"))
         _state.client = client
         _state.world = client.world
+        try:
+            _sets.init_process_sets(process_sets)
+        except BaseException:
+            shutdown()
+            raise
     atexit.register(shutdown)
 
 
@@ -134,6 +145,7 @@ def shutdown():
             _state.client.close()
         _state.client = None
         _state.world = None
+        _sets.reset()
         _state.named.clear()
         _state.in_flight.clear()
         _state.handles.clear()
@@ -173,9 +185,12 @@ def stop_timeline():
 # Shared buffers
 
 
-def _auto_name(kind):
-    n = _state.noname.get(kind, 0)
-    _state.noname[kind] = n + 1
+def _auto_name(kind, ps=None):
+    """The next name of an unnamed op of `kind`, counted per process set (`ps`, None for the
+    global set), so that the members of a set agree on it whatever other sets did."""
+    key = kind if ps is None else (ps.process_set_id, kind)
+    n = _state.noname.get(key, 0)
+    _state.noname[key] = n + 1
     return "%s.noname.%d" % (kind, n)
 
 
@@ -187,23 +202,33 @@ class _Pending:
             kind, key, reg, temporary, finish)
 
 
-def _registration(kind, name, op, wire, shape, reduce_op, root):
+def _register(client, name, op, wire, shape, reduce_op, root, members):
+    """client.register; `members` (a process set's global ranks) only when not the global set,
+    whose registration is exactly what it was before process sets."""
+    if members is None:
+        return client.register(name, op, wire, shape, reduce_op, root)
+    return client.register(name, op, wire, shape, reduce_op, root, members=members)
+
+
+def _registration(kind, name, op, wire, shape, reduce_op, root, members=None):
     """A registration for a named op (kept and reused while its spec is unchanged)."""
     key = (kind, name)
-    spec = (op, wire, tuple(shape), reduce_op, root)
+    spec = (op, wire, tuple(shape), reduce_op, root, members)
     reg = _state.named.get(key)
     if reg is not None and reg.spec == spec:
         return reg
     if reg is not None:
         _state.named.pop(key)
         _client().unregister(reg)
-    reg = _client().register(name, op, wire, shape, reduce_op, root)
+    reg = _register(_client(), name, op, wire, shape, reduce_op, root, members)
     reg.spec = spec
     _state.named[key] = reg
     return reg
 
 
-def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0):
+def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0, ps=None):
+    """Registers (or reuses) and posts `tensor`'s op; `ps` is the resolved process set (None:
+    the global set), whose namespace the name is put in."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("expected a torch.Tensor, got %s" % type(tensor).__name__)
     with _state.lock:
@@ -214,18 +239,20 @@ def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0):
             src = src.reshape(1)
         shape = tuple(src.shape)
         temporary = name is None
+        members = _sets.members(ps)
         if temporary:
-            name = _auto_name(kind)
+            name = _sets.full_name(ps, _auto_name(kind, ps))
             with _collective_errors():
-                reg = client.register(name, op, wire, shape, reduce_op, root)
+                reg = _register(client, name, op, wire, shape, reduce_op, root, members)
             key = None
         else:
+            name = _sets.full_name(ps, name)
             key = (kind, name)
             if key in _state.in_flight:
                 raise SparsyncError("a %s named '%s' is already in flight; synchronize it first"
                                     % (kind, name))
             with _collective_errors():
-                reg = _registration(kind, name, op, wire, shape, reduce_op, root)
+                reg = _registration(kind, name, op, wire, shape, reduce_op, root, members)
         try:
             buf = _buffer_view(reg, sent_dtype)
             flat = src.reshape(-1)
@@ -314,19 +341,22 @@ def _reduce_op(average, op):
     return op
 
 
-def _allreduce_async(tensor, output, average, name, op, prescale_factor, postscale_factor):
+def _allreduce_async(tensor, output, average, name, op, prescale_factor, postscale_factor,
+                     ps=None):
     if op in (Min, Max, Product, Adasum):  # exact, by an allgather (_torch_collectives)
         return reduce_by_allgather_async(tensor, output, op, name, prescale_factor,
-                                         postscale_factor)
+                                         postscale_factor, ps)
     op = _reduce_op(average, op)
     integer = not (tensor.is_floating_point() or tensor.is_complex())
     wire_op = Sum if integer else op  # the daemon sums integers; the average is taken here
     shape, dtype, device = tensor.shape, tensor.dtype, tensor.device
+    members = None if ps is None else len(ps.ranks)
 
     def finish(reg, sent_dtype):
         result = _buffer_view(reg, sent_dtype).reshape(shape)
         if integer and op == Average:
-            result = torch.div(result, size(), rounding_mode="floor")
+            result = torch.div(result, size() if members is None else members,
+                               rounding_mode="floor")
         if postscale_factor != 1.0:
             result = result * postscale_factor
         if output is None:
@@ -335,24 +365,27 @@ def _allreduce_async(tensor, output, average, name, op, prescale_factor, postsca
         return output
 
     return _enqueue("allreduce", tensor, name, W.OP_ALLREDUCE, wire_op, 0, finish,
-                    prescale_factor)
+                    prescale_factor, ps)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None):
-    _check_set(process_set)
-    return _allreduce_async(tensor, None, average, name, op, prescale_factor, postscale_factor)
+    ps = _sets.resolve(process_set, "allreduce")
+    return _allreduce_async(tensor, None, average, name, op, prescale_factor, postscale_factor,
+                            ps)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None):
-    _check_set(process_set)
-    return _allreduce_async(tensor, tensor, average, name, op, prescale_factor, postscale_factor)
+    ps = _sets.resolve(process_set, "allreduce")
+    return _allreduce_async(tensor, tensor, average, name, op, prescale_factor, postscale_factor,
+                            ps)
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=None):
-    """The average (default) or sum of `tensor` over all workers, as a new tensor."""
+    """The average (default) or sum of `tensor` over all workers (over the members of
+    `process_set`: only they call it), as a new tensor."""
     compression = compression or Compression.none
     compressed, ctx = compression.compress(tensor)
     out = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
@@ -371,7 +404,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 
 def allgather_async(tensor, name=None, process_set=None):
-    _check_set(process_set)
+    ps = _sets.resolve(process_set, "allgather")
     rest, dtype, device = tuple(tensor.shape[1:]), tensor.dtype, tensor.device
 
     def finish(reg, sent_dtype):
@@ -380,18 +413,18 @@ def allgather_async(tensor, name=None, process_set=None):
         out = out.view(sent_dtype) if out.numel() else torch.empty(0, dtype=sent_dtype)
         return out.reshape((dim0,) + rest).to(dtype=dtype, device=device)
 
-    return _enqueue("allgather", tensor, name, W.OP_ALLGATHER, Sum, 0, finish)
+    return _enqueue("allgather", tensor, name, W.OP_ALLGATHER, Sum, 0, finish, ps=ps)
 
 
 def allgather(tensor, name=None, process_set=None):
-    """Concatenation of every worker's `tensor` along dim 0, in rank order."""
+    """Concatenation of every worker's `tensor` along dim 0, in rank order (of the members of
+    `process_set`, in rank order, which is their order in the set)."""
     return synchronize(allgather_async(tensor, name, process_set))
 
 
-def _broadcast_async(tensor, output, root_rank, name):
+def _broadcast_async(tensor, output, root_rank, name, ps=None):
     shape, dtype, device = tensor.shape, tensor.dtype, tensor.device
-    if not 0 <= int(root_rank) < size():
-        raise ValueError("root_rank %d is not a rank of this job (size %d)" % (root_rank, size()))
+    root = _sets.check_root(ps, root_rank)
 
     def finish(reg, sent_dtype):
         result = _buffer_view(reg, sent_dtype).reshape(shape)
@@ -400,21 +433,22 @@ def _broadcast_async(tensor, output, root_rank, name):
         output.copy_(result)  # one pass, converting the dtype on the way
         return output
 
-    return _enqueue("broadcast", tensor, name, W.OP_BROADCAST, Sum, int(root_rank), finish)
+    return _enqueue("broadcast", tensor, name, W.OP_BROADCAST, Sum, root, finish, ps=ps)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
-    _check_set(process_set)
-    return _broadcast_async(tensor, None, root_rank, name)
+    ps = _sets.resolve(process_set, "broadcast")
+    return _broadcast_async(tensor, None, root_rank, name, ps)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
-    _check_set(process_set)
-    return _broadcast_async(tensor, tensor, root_rank, name)
+    ps = _sets.resolve(process_set, "broadcast")
+    return _broadcast_async(tensor, tensor, root_rank, name, ps)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
-    """`tensor` of rank `root_rank`, as a new tensor on every worker."""
+    """`tensor` of rank `root_rank`, as a new tensor on every worker (on every member of
+    `process_set`; root_rank is a global rank, a member of the set)."""
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
@@ -460,9 +494,10 @@ def _object_from_bytes(data):
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
-    """`obj` of rank `root_rank` (pickled), on every worker."""
-    _check_set(process_set)
-    name = name or _auto_name("broadcast_object")
+    """`obj` of rank `root_rank` (pickled), on every worker (every member of `process_set`)."""
+    ps = _sets.resolve(process_set, "broadcast_object")
+    _sets.check_root(ps, root_rank)
+    name = name or _auto_name("broadcast_object", ps)
     if rank() == root_rank:
         buf = io.BytesIO()
         torch.save(obj, buf, pickle_protocol=pickle.HIGHEST_PROTOCOL)
@@ -470,26 +505,29 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
         length = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    length = broadcast(length, root_rank, name + ".len")
+    length = broadcast(length, root_rank, name + ".len", process_set)
     if rank() != root_rank:
         payload = torch.zeros(int(length.item()), dtype=torch.uint8)
-    payload = broadcast(payload, root_rank, name + ".data")
-    _unregister_named([("broadcast", name + ".len"), ("broadcast", name + ".data")])
+    payload = broadcast(payload, root_rank, name + ".data", process_set)
+    _unregister_named([("broadcast", _sets.full_name(ps, name + ".len")),
+                       ("broadcast", _sets.full_name(ps, name + ".data"))])
     if rank() == root_rank:
         return obj
     return _object_from_bytes(payload.numpy().tobytes())
 
 
 def allgather_object(obj, name=None, process_set=None):
-    """A list of every worker's `obj`, in rank order."""
-    _check_set(process_set)
-    name = name or _auto_name("allgather_object")
+    """A list of every worker's `obj` (every member's of `process_set`), in rank order."""
+    ps = _sets.resolve(process_set, "allgather_object")
+    name = name or _auto_name("allgather_object", ps)
     buf = io.BytesIO()
     torch.save(obj, buf, pickle_protocol=pickle.HIGHEST_PROTOCOL)
     payload = torch.from_numpy(np.frombuffer(buf.getvalue(), dtype=np.uint8).copy())
-    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name + ".len")
-    data = allgather(payload, name + ".data")
-    _unregister_named([("allgather", name + ".len"), ("allgather", name + ".data")])
+    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name + ".len",
+                      process_set)
+    data = allgather(payload, name + ".data", process_set)
+    _unregister_named([("allgather", _sets.full_name(ps, name + ".len")),
+                       ("allgather", _sets.full_name(ps, name + ".data"))])
     out, offset = [], 0
     for n in sizes.tolist():
         out.append(_object_from_bytes(data[offset:offset + n].numpy().tobytes()))
@@ -523,7 +561,6 @@ from sparsync._torch_basics import (  # noqa: E402,F401
     rocm_built,
 )
 from sparsync._torch_collectives import (  # noqa: E402,F401
-    _check_set,
     Max,
     Min,
     Product,
