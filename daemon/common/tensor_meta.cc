@@ -137,7 +137,8 @@ std::string TensorMeta::SignatureKey() const {
   std::ostringstream o;
   o << name << '\0' << ToWire(op) << ':' << ToWire(dtype) << ':' << ToWire(reduce_op) << ':'
     << root_rank << ':' << ShapeText(shape, op == CollectiveOp::kAllGather) << ':'
-    << ToWire(compressor) << ':' << density << ':' << RanksText(members);
+    << ToWire(compressor) << ':' << density << ':' << RanksText(members) << ':'
+    << group << ':' << group_size;
   return o.str();
 }
 
@@ -154,6 +155,7 @@ std::string TensorMeta::Describe() const {
   if (density != 0) o << ", density " << density;
   if (Reduces(op)) o << ", reduce " << (reduce_op == ReduceOp::kSum ? "sum" : "average");
   if (!members.empty()) o << ", process set " << RanksText(members);
+  if (group_size != 0) o << ", one of a group of " << group_size << " (key " << group << ")";
   return o.str();
 }
 

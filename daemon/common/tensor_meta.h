@@ -71,6 +71,9 @@ struct TensorMeta {
   float density = 0;                     // GRADIENT only; 0: the daemon's
   // The process set: ascending global ranks, the only workers that take part. Empty: every rank.
   std::vector<int32_t> members;
+  // A grouped collective: one of `group_size` tensors of key `group`, scheduled as one. 0: none.
+  uint64_t group = 0;
+  uint32_t group_size = 0;
 
   // Whether global rank `rank` takes part (every rank when `members` is empty).
   bool HasMember(int rank) const;

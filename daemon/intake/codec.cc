@@ -146,6 +146,16 @@ Status ValidateRegister(const sparsync_register_msg& r) {
   if (in_set && r.memory != SPARSYNC_MEMORY_HOST) {
     return InvalidArgument("a process set's collectives take host tensors only");
   }
+  if (r.reserved3 != 0) return InvalidArgument("reserved3 must be 0");
+  if (r.group_size == 1 || r.group_size > SPARSYNC_MAX_GROUP_SIZE ||
+      (r.group_size == 0) != (r.group == 0)) {
+    return InvalidArgument("a group has a key other than 0 and 2.." +
+                           std::to_string(SPARSYNC_MAX_GROUP_SIZE) + " tensors");
+  }
+  if (r.group_size != 0 && r.op == SPARSYNC_OP_GRADIENT) {
+    return InvalidArgument("gradients are grouped by the daemon's planner: a group takes "
+                           "explicit collectives only");
+  }
   return ValidateMemory(r);
 }
 
@@ -186,6 +196,8 @@ Result<TensorMeta> MetaOf(const sparsync_register_msg& r) {
       m.members.push_back(static_cast<int32_t>(w * 64 + std::countr_zero(bits)));
     }
   }
+  m.group = r.group;
+  m.group_size = r.group_size;
   return m;
 }
 

@@ -49,6 +49,10 @@ Result<std::vector<uint32_t>> CoordinatorState::Report(int node,
   const int world_size = options_.num_nodes * options_.local_size;
   for (const TensorMeta& meta : new_tensors) {
     if (meta.name.empty()) return InvalidArgument("a tensor without a name");
+    if ((meta.group_size == 0) != (meta.group == 0) || meta.group_size == 1 ||
+        (meta.group_size != 0 && meta.op == CollectiveOp::kGradient)) {
+      return InvalidArgument("tensor '" + meta.name + "' is in a malformed group");
+    }
     if (meta.members.empty()) continue;
     if (meta.members.back() >= world_size || meta.op == CollectiveOp::kGradient) {
       return InvalidArgument("tensor '" + meta.name + "' has the process set " +
@@ -168,11 +172,26 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   if (!meta.members.empty()) b.tensor.meta = std::make_shared<const TensorMeta>(meta);
   b.bytes = meta.Bytes();
   b.fusion_key = FusionKey(meta);
-  if (batch_.empty()) batch_started_ = now;
-  batch_urgent_ = batch_urgent_ || meta.op != CollectiveOp::kGradient;
-  batch_.push_back(std::move(b));
   pending_by_name_.erase(meta.name);
   pending_.erase(it);
+  std::vector<Batched> ready;
+  if (meta.group_size == 0) {
+    ready.push_back(std::move(b));
+  } else {
+    // A grouped collective is scheduled as one: held until every tensor of its group is ready.
+    auto [held, first] = groups_.try_emplace(meta.group);
+    if (first) {
+      held->second.since = now;
+      held->second.first = meta.name;
+    }
+    held->second.ready.push_back(std::move(b));
+    if (held->second.ready.size() < meta.group_size) return;
+    ready = std::move(held->second.ready);
+    groups_.erase(held);
+  }
+  if (batch_.empty()) batch_started_ = now;
+  batch_urgent_ = batch_urgent_ || meta.op != CollectiveOp::kGradient;
+  for (Batched& r : ready) batch_.push_back(std::move(r));
 }
 
 void CoordinatorState::Flush() {
@@ -211,6 +230,7 @@ void CoordinatorState::Fail(int node, const Status& error) {
   pending_.clear();
   pending_by_name_.clear();
   batch_.clear();
+  groups_.clear();
   ScheduleEntry entry;
   entry.fatal = error;
   Append(std::move(entry));
@@ -290,6 +310,16 @@ std::vector<std::string> CoordinatorState::Tick(Clock::time_point now) {
                          std::to_string(static_cast<int>(Seconds(waited))) + " s");
     }
   }
+  for (const auto& [key, held] : groups_) {
+    if (now - held.since < options_.timeout) continue;
+    const TensorMeta& first = metas_[held.ready.front().tensor.slot - 1];
+    Fail(-1, DeadlineExceeded("tensor '" + held.first + "' is one of a group of " +
+                              std::to_string(first.group_size) + " of which only " +
+                              std::to_string(held.ready.size()) + " were posted on every node within " +
+                              std::to_string(static_cast<int>(Seconds(options_.timeout))) +
+                              " s (SPARSYNC_TIMEOUT_S); the group's other tensors were never posted"));
+    return warnings;
+  }
   // Nodes that stopped polling. When every other node went silent at once, the likely loss is
   // this node's own network, and the message says so.
   // Polls last up to half a second, so nodes cut off together fall silent up to that far apart.
@@ -336,6 +366,7 @@ std::optional<Clock::time_point> CoordinatorState::NextDeadline() const {
     consider(p.first_report + options_.timeout);
     if (!p.warned) consider(p.first_report + options_.stall_warn);
   }
+  for (const auto& [key, held] : groups_) consider(held.since + options_.timeout);
   for (int n = 1; n < options_.num_nodes; ++n) {
     if (!left_[n] && last_poll_[n]) consider(*last_poll_[n] + options_.node_liveness);
   }

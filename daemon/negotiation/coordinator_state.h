@@ -118,6 +118,13 @@ class CoordinatorState {
   std::map<uint32_t, Pending> pending_;               // slot -> readiness across nodes
   std::unordered_map<std::string, uint32_t> pending_by_name_;
   std::vector<Batched> batch_;                        // globally ready, not yet scheduled
+  // Grouped collectives, by group key: the globally ready tensors of groups not yet complete.
+  struct HeldGroup {
+    std::vector<Batched> ready;
+    Clock::time_point since;  // when its first tensor was ready
+    std::string first;        // that tensor's name, for the timeout's message
+  };
+  std::unordered_map<uint64_t, HeldGroup> groups_;
   Clock::time_point batch_started_;
   bool batch_urgent_ = false;
   std::deque<ScheduleEntry> log_;

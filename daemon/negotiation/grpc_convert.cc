@@ -42,6 +42,8 @@ void ToProto(const TensorMeta& in, v1::TensorMeta* out) {
   out->set_compressor(ToWire(in.compressor));
   out->set_density(in.density);
   for (int32_t r : in.members) out->add_members(r);
+  out->set_group(in.group);
+  out->set_group_size(in.group_size);
 }
 
 Result<TensorMeta> FromProto(const v1::TensorMeta& in) {
@@ -64,6 +66,8 @@ Result<TensorMeta> FromProto(const v1::TensorMeta& in) {
   m.compressor = *compressor;
   m.density = in.density();
   m.members.assign(in.members().begin(), in.members().end());
+  m.group = in.group();
+  m.group_size = in.group_size();
   for (size_t i = 0; i < m.members.size(); ++i) {
     if (m.members[i] < 0 || (i > 0 && m.members[i] <= m.members[i - 1])) {
       return context(InvalidArgument("a process set's ranks must be distinct, ascending and "

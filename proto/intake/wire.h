@@ -54,6 +54,7 @@ extern "C" {
 #define SPARSYNC_MAX_PATH_BYTES 1024u
 #define SPARSYNC_MAX_SET_RANKS 1024u /* a process set names ranks below this */
 #define SPARSYNC_SET_WORDS 16u       /* = SPARSYNC_MAX_SET_RANKS / 64 */
+#define SPARSYNC_MAX_GROUP_SIZE 65536u
 
 typedef enum sparsync_msg_type {
   SPARSYNC_MSG_HELLO = 1,
@@ -198,6 +199,13 @@ typedef struct sparsync_register_msg {
    * global rank r. All 0: every rank (the global set). Only members register and post the tensor;
    * the collective waits for the members alone. Host tensors, and not GRADIENT. */
   uint64_t members[SPARSYNC_SET_WORDS];
+  /* A grouped collective (Horovod's grouped_allreduce, ...): the tensor is one of `group_size`
+   * (2 .. SPARSYNC_MAX_GROUP_SIZE) that share the key `group` (not 0; the same on every rank, e.g.
+   * a hash of the group's name). The group is scheduled as one: none of its tensors before all
+   * are ready on every node. group_size 0: no group (then `group` is 0 too). Not GRADIENT. */
+  uint64_t group;
+  uint32_t group_size;
+  uint32_t reserved3; /* must be 0 */
 } sparsync_register_msg;
 
 typedef struct sparsync_register_reply {
@@ -262,7 +270,7 @@ typedef struct sparsync_timeline_reply {
 static_assert(sizeof(sparsync_msg_header) == 16, "wire layout");
 static_assert(sizeof(sparsync_hello) == 96, "wire layout");
 static_assert(sizeof(sparsync_hello_reply) == 560, "wire layout");
-static_assert(sizeof(sparsync_register_msg) == 576, "wire layout");
+static_assert(sizeof(sparsync_register_msg) == 592, "wire layout");
 static_assert(sizeof(sparsync_register_reply) == 608, "wire layout");
 static_assert(sizeof(sparsync_ready) == 40, "wire layout");
 static_assert(sizeof(sparsync_done) == 560, "wire layout");

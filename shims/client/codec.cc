@@ -116,6 +116,14 @@ Status EncodeRegister(const sparsync_tensor_spec& spec, sparsync_register_msg* o
     }
     m.members[r / 64] |= uint64_t{1} << (r % 64);
   }
+  if (spec.group_size == 1 || spec.group_size > SPARSYNC_MAX_GROUP_SIZE ||
+      (spec.group_size == 0) != (spec.group == 0)) {
+    return Status(SPARSYNC_ERR_INVALID,
+                  "tensor '" + name + "': a group has a key other than 0 and 2.." +
+                      std::to_string(SPARSYNC_MAX_GROUP_SIZE) + " tensors");
+  }
+  m.group = spec.group;
+  m.group_size = spec.group_size;
   *out = m;
   return Status::Ok();
 }

@@ -63,7 +63,8 @@ class _TensorSpec(ctypes.Structure):
                 ("reduce_op", ctypes.c_int), ("root_rank", ctypes.c_int32),
                 ("ndim", ctypes.c_uint32), ("shape", ctypes.POINTER(ctypes.c_int64)),
                 ("compressor", ctypes.c_int), ("density", ctypes.c_float),
-                ("num_members", ctypes.c_uint32), ("members", ctypes.POINTER(ctypes.c_int32))]
+                ("num_members", ctypes.c_uint32), ("members", ctypes.POINTER(ctypes.c_int32)),
+                ("group", ctypes.c_uint64), ("group_size", ctypes.c_uint32)]
 
 
 _lib = None
@@ -207,7 +208,7 @@ class Client:
             raise SparsyncError("sparsync client is closed (call init() first)")
 
     @staticmethod
-    def _spec(name, op, dtype, shape, reduce_op, root_rank, compressor, density, members):
+    def _spec(name, op, dtype, shape, reduce_op, root_rank, compressor, density, members, group):
         shape = tuple(int(d) for d in shape)
         if len(shape) > MAX_DIMS:
             raise SparsyncError("tensor '%s' has %d dimensions; at most %d are supported"
@@ -215,17 +216,19 @@ class Client:
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         members = () if members is None else tuple(int(r) for r in members)
         ranks = (ctypes.c_int32 * max(len(members), 1))(*members)
+        key, count = (0, 0) if group is None else (int(group[0]), int(group[1]))
         spec = _TensorSpec(name.encode(), op, dtype, reduce_op, root_rank, len(shape), dims,
-                           compressor, density, len(members), ranks)
+                           compressor, density, len(members), ranks, key, count)
         return spec, (dims, ranks), shape
 
     def register_cuda(self, name, op, dtype, shape, device, address, reduce_op=REDUCE_AVERAGE,
-                      root_rank=0, compressor=0, density=0.0, members=None):
+                      root_rank=0, compressor=0, density=0.0, members=None, group=None):
         """Registers a tensor that lives at device pointer `address` on CUDA `device`; the
-        memory must stay allocated until the tensor is unregistered. `members`: see register."""
+        memory must stay allocated until the tensor is unregistered. `members`, `group`: see
+        register."""
         self._require_open()
         spec, _arrays, shape = self._spec(name, op, dtype, shape, reduce_op, root_rank,
-                                          compressor, density, members)
+                                          compressor, density, members, group)
         tid = ctypes.c_uint32()
         self._check(self._lib.sparsync_register_cuda_tensor(
             self._h, ctypes.byref(spec), int(device), ctypes.c_void_p(address),
@@ -235,14 +238,16 @@ class Client:
                           device=int(device))
 
     def register(self, name, op, dtype, shape, reduce_op=REDUCE_AVERAGE, root_rank=0,
-                 compressor=0, density=0.0, members=None):
+                 compressor=0, density=0.0, members=None, group=None):
         """Registers a host tensor; its region is mapped here (Registered.region). `members`:
         None for every rank, else the process set (ascending global ranks, this rank's among
         them): only they register and post the tensor, and its collective waits for them alone
-        (AVERAGE divides by their number; an allgather concatenates theirs in rank order)."""
+        (AVERAGE divides by their number; an allgather concatenates theirs in rank order).
+        `group`: None, or (key, size) for one of `size` tensors of a grouped collective with that
+        key (not 0, the same on every rank), which the daemon schedules as one."""
         self._require_open()
         spec, _arrays, shape = self._spec(name, op, dtype, shape, reduce_op, root_rank,
-                                          compressor, density, members)
+                                          compressor, density, members, group)
         tid, fd, nbytes = ctypes.c_uint32(), ctypes.c_int(-1), ctypes.c_uint64()
         self._check(self._lib.sparsync_register_tensor_fd(
             self._h, ctypes.byref(spec), ctypes.byref(tid), ctypes.byref(fd),

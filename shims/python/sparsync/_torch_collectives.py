@@ -107,10 +107,19 @@ def reduce_by_allgather_async(tensor, output, op, name, prescale_factor, postsca
 
 def _grouped(start, tensors, name, process_set, *args, **kwargs):
     """One handle over `start(tensor, *args, name=part name, process_set=..., **kwargs)` of
-    every tensor, all posted before any is waited for."""
-    sets.resolve(process_set, "grouped collective")  # refused before any part is posted
-    handles = [start(t, *args, name=n, process_set=process_set, **kwargs)
-               for t, n in zip(tensors, _parts_names(name, len(tensors)))]
+    every tensor, all posted before any is waited for, as one group of the daemon: it schedules
+    none of them before all are ready on every rank (Horovod's grouped ops), and fuses those that
+    can be (same op and dtype, within SPARSYNC_BUCKET_BYTES). The group's key comes from its
+    name (an unnamed group's: a count of unnamed groups, per process set), the same on every
+    rank."""
+    ps = sets.resolve(process_set, "grouped collective")  # refused before any part is posted
+    tensors = list(tensors)
+    with shared.state.lock:
+        group_name = sets.full_name(ps, "group." + name if name is not None
+                                    else _hvd._auto_name("group", ps))
+    with shared.grouped(group_name, len(tensors)):
+        handles = [start(t, *args, name=n, process_set=process_set, **kwargs)
+                   for t, n in zip(tensors, _parts_names(name, len(tensors)))]
     return shared.Deferred(handles, lambda *outs: list(outs))
 
 

@@ -46,6 +46,29 @@ class State:
 
 state = State()
 
+_grouping = threading.local()  # .group: (key, size) while a grouped op posts its parts
+
+
+@contextlib.contextmanager
+def grouped(name, size):
+    """While a grouped collective posts its `size` parts: each registration is one of a group of
+    `size` whose key is a hash of `name` (the group's name, the same on every rank), and the
+    daemon schedules the group as one. A group of one is no group."""
+    import hashlib
+
+    key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") or 1
+    outer = getattr(_grouping, "group", None)
+    _grouping.group = (key, size) if size >= 2 else None
+    try:
+        yield
+    finally:
+        _grouping.group = outer
+
+
+def current_group():
+    """The (key, size) of the grouped collective being posted by this thread, or None."""
+    return getattr(_grouping, "group", None)
+
 
 def client():
     """The open connection; ValueError (as Horovod's) before init()."""

@@ -21,6 +21,7 @@ MAX_CUDA_DEVICES = 1024
 MAX_PATH_BYTES = 1024
 MAX_SET_RANKS = 1024
 SET_WORDS = 16
+MAX_GROUP_SIZE = 65536
 
 # sparsync_msg_type
 MSG_HELLO = 1
@@ -155,7 +156,8 @@ REGISTER = Message("sparsync_register_msg", MSG_REGISTER, [
     ("root_rank", "i"), ("name_len", "I"), ("compressor", "B"), ("memory", "B"),
     ("reserved", "2x"), ("density", "f"), ("shape", f"{MAX_DIMS}q"), ("name", _NAME),
     ("cuda_device", "i"), ("reserved2", "I"), ("cuda_offset", "Q"), ("cuda_memory", _HANDLE),
-    ("cuda_ready_event", _HANDLE), ("members", f"{SET_WORDS}Q")])
+    ("cuda_ready_event", _HANDLE), ("members", f"{SET_WORDS}Q"),
+    ("group", "Q"), ("group_size", "I"), ("reserved3", "I")])
 REGISTER_REPLY = Message("sparsync_register_reply", MSG_REGISTER_REPLY, [
     ("tensor_id", "I"), ("status", "i"), ("region_bytes", "Q"), ("message", _ERROR),
     ("cuda_done_event", _HANDLE)])

@@ -35,6 +35,7 @@ from sparsync._torch_optimizer import (  # noqa: F401  (part of sparsync.torch)
 from sparsync._torch_state import DAEMON_GRACE_S as _DAEMON_GRACE_S
 from sparsync._torch_state import Deferred as _Deferred
 from sparsync._torch_state import collective_errors as _collective_errors
+from sparsync._torch_state import current_group as _current_group
 from sparsync._torch_state import Adasum, Average, Sum
 from sparsync._torch_state import buffer_view as _buffer_view
 from sparsync._torch_state import client as _client
@@ -202,25 +203,28 @@ class _Pending:
             kind, key, reg, temporary, finish)
 
 
-def _register(client, name, op, wire, shape, reduce_op, root, members):
+def _register(client, name, op, wire, shape, reduce_op, root, members, group):
     """client.register; `members` (a process set's global ranks) only when not the global set,
-    whose registration is exactly what it was before process sets."""
-    if members is None:
-        return client.register(name, op, wire, shape, reduce_op, root)
-    return client.register(name, op, wire, shape, reduce_op, root, members=members)
+    `group` (key, size) only for a part of a grouped collective."""
+    extra = {}
+    if members is not None:
+        extra["members"] = members
+    if group is not None:
+        extra["group"] = group
+    return client.register(name, op, wire, shape, reduce_op, root, **extra)
 
 
-def _registration(kind, name, op, wire, shape, reduce_op, root, members=None):
+def _registration(kind, name, op, wire, shape, reduce_op, root, members=None, group=None):
     """A registration for a named op (kept and reused while its spec is unchanged)."""
     key = (kind, name)
-    spec = (op, wire, tuple(shape), reduce_op, root, members)
+    spec = (op, wire, tuple(shape), reduce_op, root, members, group)
     reg = _state.named.get(key)
     if reg is not None and reg.spec == spec:
         return reg
     if reg is not None:
         _state.named.pop(key)
         _client().unregister(reg)
-    reg = _register(_client(), name, op, wire, shape, reduce_op, root, members)
+    reg = _register(_client(), name, op, wire, shape, reduce_op, root, members, group)
     reg.spec = spec
     _state.named[key] = reg
     return reg
@@ -240,10 +244,11 @@ def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0, ps=N
         shape = tuple(src.shape)
         temporary = name is None
         members = _sets.members(ps)
+        group = _current_group()
         if temporary:
             name = _sets.full_name(ps, _auto_name(kind, ps))
             with _collective_errors():
-                reg = _register(client, name, op, wire, shape, reduce_op, root, members)
+                reg = _register(client, name, op, wire, shape, reduce_op, root, members, group)
             key = None
         else:
             name = _sets.full_name(ps, name)
@@ -252,7 +257,7 @@ def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0, ps=N
                 raise SparsyncError("a %s named '%s' is already in flight; synchronize it first"
                                     % (kind, name))
             with _collective_errors():
-                reg = _registration(kind, name, op, wire, shape, reduce_op, root, members)
+                reg = _registration(kind, name, op, wire, shape, reduce_op, root, members, group)
         try:
             buf = _buffer_view(reg, sent_dtype)
             flat = src.reshape(-1)

@@ -5,10 +5,13 @@ rank) and asserts it; a failure exits non-zero with the name of the check. Print
 """
 
 import sys
+import time
 
+import numpy as np
 import torch
 
 import sparsync.torch as hvd
+from sparsync import _wire as W
 
 torch.set_num_threads(1)
 hvd.init()
@@ -81,6 +84,27 @@ check("grouped in place", float(inplace[0][0]) == sum(range(n)) == float(inplace
 g = hvd.grouped_allgather([torch.full((r + 1, 2), float(r)), torch.tensor([r])])
 check("grouped allgather", g[0].shape == (n * (n + 1) // 2, 2) and
       torch.equal(g[1], torch.arange(n)))
+
+# A group is one unit of the daemon: with one of its two tensors posted on every rank, neither
+# is scheduled (the first is still in flight after a second); once the second is posted, both
+# complete. Through the client, to hold the second back.
+conn = hvd._client()
+key = 0x5EED0F6 + 1
+first = conn.register("atomic.0", W.OP_ALLREDUCE, W.FLOAT32, (3,), W.REDUCE_SUM, group=(key, 2))
+second = conn.register("atomic.1", W.OP_ALLREDUCE, W.FLOAT32, (2,), W.REDUCE_SUM, group=(key, 2))
+first.array(np.float32)[:] = r
+second.array(np.float32)[:] = 1
+conn.post(first)
+time.sleep(1.0)
+check("group held until complete", not conn.try_wait(first))
+hvd.barrier()  # every rank has looked before any posts the second
+conn.post(second)
+conn.wait(first, 30)
+conn.wait(second, 30)
+check("group released whole", first.array(np.float32).tolist() == [sum(range(n))] * 3 and
+      second.array(np.float32).tolist() == [n] * 2)
+conn.unregister(first)
+conn.unregister(second)
 
 # --- alltoall with and without splits ------------------------------------------------------------
 # Rank r sends (d + 1) rows to rank d, each row [r, d, i].

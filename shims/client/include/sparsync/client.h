@@ -44,6 +44,10 @@ typedef struct sparsync_tensor_spec {
                              worker's among them; only they take part (host tensors; not
                              GRADIENT) */
   const int32_t* members;
+  uint64_t group;         /* a grouped collective: the group's key (not 0, the same on every
+                             rank) ... */
+  uint32_t group_size;    /* ... and its number of tensors (2 .. SPARSYNC_MAX_GROUP_SIZE), which
+                             are scheduled as one. 0: no group. Not GRADIENT */
 } sparsync_tensor_spec;
 
 /* What sparsync_connect_with_options needs. The library reads no environment variable: the

@@ -116,7 +116,7 @@ std::vector<Malformed> Corpus() {
          std::memcpy(b.data(), &h, sizeof(h));
          return b;
        },
-       "expected 576"},
+       "expected 592"},
       {"tensor id too big", [] { return RegisterWith([](auto& r) { r.tensor_id = 1u << 30; }); }, "tensor id"},
       {"unknown op", [] { return RegisterWith([](auto& r) { r.op = 9; }); }, "unknown op"},
       {"unknown dtype", [] { return RegisterWith([](auto& r) { r.dtype = 42; }); }, "unknown dtype"},
@@ -151,6 +151,13 @@ std::vector<Malformed> Corpus() {
       {"CUDA tensor in a process set",
        [] { return CudaRegisterWith([](auto& r) { r.op = SPARSYNC_OP_ALLREDUCE; r.members[3] = 1; }); },
        "host tensors only"},
+      {"group of one", [] { return RegisterWith([](auto& r) { r.op = SPARSYNC_OP_ALLREDUCE; r.group = 9; r.group_size = 1; }); },
+       "a group has"},
+      {"group without a key", [] { return RegisterWith([](auto& r) { r.op = SPARSYNC_OP_ALLREDUCE; r.group_size = 3; }); },
+       "a group has"},
+      {"group of gradients", [] { return RegisterWith([](auto& r) { r.group = 9; r.group_size = 3; }); },
+       "grouped by the daemon's planner"},
+      {"reserved3", [] { return RegisterWith([](auto& r) { r.reserved3 = 1; }); }, "reserved3"},
       {"negative root",
        [] { return RegisterWith([](auto& r) { r.op = SPARSYNC_OP_BROADCAST; r.root_rank = -2; }); },
        "root"},

@@ -338,5 +338,61 @@ TEST(CoordinatorProcessSetTest, TimeoutNamesOnlyTheMembersNodes) {
       << s.fatal().message();
 }
 
+
+// ---- Grouped collectives ----
+
+TensorMeta InGroup(const std::string& name, uint64_t key, uint32_t size) {
+  TensorMeta m;
+  m.name = name;
+  m.op = CollectiveOp::kAllReduce;
+  m.shape = {4};
+  m.group = key;
+  m.group_size = size;
+  return m;
+}
+
+// A group's tensors are scheduled as one: none before the last is ready on every node, then all
+// in one fused entry.
+TEST(CoordinatorGroupTest, NoTensorOfAGroupIsScheduledBeforeAllAreReady) {
+  CoordinatorState s = MakeWithWorkers(2, 1);
+  const auto t0 = Clock::now();
+  const TensorMeta a = InGroup("g.0", 77, 2), b = InGroup("g.1", 77, 2);
+  for (int node : {0, 1}) ASSERT_TRUE(s.Report(node, {a}, {New(0)}, t0).ok());
+  s.Tick(t0 + milliseconds(50));
+  EXPECT_TRUE(s.EntriesAfter(0).empty()) << "the group's first tensor went ahead alone";
+  ASSERT_TRUE(s.Report(0, {b}, {New(0)}, t0).ok());
+  EXPECT_TRUE(s.EntriesAfter(0).empty());
+  ASSERT_TRUE(s.Report(1, {b}, {New(0)}, t0).ok());
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].group.size(), 2u) << "fused: same op, dtype and reduce op";
+  // The next round of the group is held again.
+  ASSERT_TRUE(s.Report(0, {}, {Slot(entries[0].group[0].slot)}, t0).ok());
+  ASSERT_TRUE(s.Report(1, {}, {Slot(entries[0].group[0].slot)}, t0).ok());
+  EXPECT_EQ(s.EntriesAfter(0).size(), 1u);
+}
+
+TEST(CoordinatorGroupTest, AGroupThatNeverCompletesTimesOutNamingIt) {
+  CoordinatorState s = MakeWithWorkers(1, 1);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s.Report(0, {InGroup("g.0", 5, 3)}, {New(0)}, t0).ok());
+  s.Tick(t0 + seconds(21));
+  ASSERT_TRUE(s.failed());
+  EXPECT_NE(s.fatal().message().find("'g.0' is one of a group of 3 of which only 1"),
+            std::string::npos)
+      << s.fatal().message();
+}
+
+TEST(CoordinatorGroupTest, AMalformedGroupFromAnotherNodeIsRefused) {
+  CoordinatorState s = MakeWithWorkers(2, 1);
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(s.Report(1, {InGroup("g.0", 5, 1)}, {New(0)}, t0).ok());
+  EXPECT_FALSE(s.Report(1, {InGroup("g.0", 0, 2)}, {New(0)}, t0).ok());
+  TensorMeta grad = InGroup("g.0", 5, 2);
+  grad.op = CollectiveOp::kGradient;
+  EXPECT_FALSE(s.Report(1, {grad}, {New(0)}, t0).ok());
+  EXPECT_FALSE(s.failed());
+}
+
 }  // namespace
 }  // namespace sparsync::negotiation

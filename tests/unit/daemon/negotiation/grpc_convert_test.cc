@@ -87,6 +87,10 @@ TensorMeta RandomMeta(Random& r) {
       m.members.push_back(rank);
     }
   }
+  if (r.Coin()) {
+    m.group = r.U64() | 1;
+    m.group_size = 2 + static_cast<uint32_t>(r.Below(100));
+  }
   return m;
 }
 
