@@ -36,6 +36,7 @@ class State:
         self.timeout_hint = "SPARSYNC_TIMEOUT_S"
         self.noname = {}       # op kind -> next number for unnamed ops
         self.named = {}        # (kind, name) -> registration kept for reuse
+        self.first_specs = {}  # (kind, name) -> the spec it was first registered with
         self.in_flight = set()  # (kind, name) of named ops posted and not yet synchronized
         self.handles = {}      # handle -> _Pending of sparsync.torch
         self.next_handle = 0

@@ -148,6 +148,7 @@ def shutdown():
         _state.world = None
         _sets.reset()
         _state.named.clear()
+        _state.first_specs.clear()
         _state.in_flight.clear()
         _state.handles.clear()
 
@@ -214,6 +215,22 @@ def _register(client, name, op, wire, shape, reduce_op, root, members, group):
     return client.register(name, op, wire, shape, reduce_op, root, **extra)
 
 
+def _daemon_name(key, name, spec):
+    """The name the daemon knows a named op by: `name` with the first spec it was used with,
+    `name#<digest of the spec>` with any other. A script may call one name with another shape
+    or root later (Horovod allows it); under one daemon name, a worker re-registering it while
+    another worker of its node still held the old spec would be a mismatch that fails the job.
+    Every rank calls a name with the same specs in the same order, so all agree on each."""
+    import hashlib
+
+    first = _state.first_specs.setdefault(key, spec)
+    if spec == first:
+        return name
+    digest = hashlib.blake2b(repr(spec).encode(), digest_size=6).hexdigest()
+    longer = "%s#%s" % (name, digest)
+    return longer if len(longer.encode()) <= W.MAX_NAME_BYTES else name
+
+
 def _registration(kind, name, op, wire, shape, reduce_op, root, members=None, group=None):
     """A registration for a named op (kept and reused while its spec is unchanged)."""
     key = (kind, name)
@@ -224,7 +241,8 @@ def _registration(kind, name, op, wire, shape, reduce_op, root, members=None, gr
     if reg is not None:
         _state.named.pop(key)
         _client().unregister(reg)
-    reg = _register(_client(), name, op, wire, shape, reduce_op, root, members, group)
+    reg = _register(_client(), _daemon_name(key, name, spec), op, wire, shape, reduce_op, root,
+                    members, group)
     reg.spec = spec
     _state.named[key] = reg
     return reg

@@ -106,6 +106,16 @@ check("group released whole", first.array(np.float32).tolist() == [sum(range(n))
 conn.unregister(first)
 conn.unregister(second)
 
+# One name, other specs in later calls (as Horovod allows): a broadcast from each root in turn and
+# an allreduce whose shape changes, with two workers per node re-registering at their own pace.
+for root in range(n):
+    got = hvd.broadcast(torch.full((2,), float(r)), root_rank=root, name="bc.each.root")
+    check("broadcast name reused, root %d" % root, got.tolist() == [float(root)] * 2, str(got))
+for length in (3, 5, 3, 1):
+    got = hvd.allreduce(torch.ones(length) * r, name="reshaped", op=hvd.Sum)
+    check("allreduce name reused, length %d" % length,
+          got.tolist() == [float(sum(range(n)))] * length, str(got))
+
 # --- alltoall with and without splits ------------------------------------------------------------
 # Rank r sends (d + 1) rows to rank d, each row [r, d, i].
 rows = [torch.tensor([[r, d, i] for i in range(d + 1)]) for d in range(n)]
