@@ -283,9 +283,11 @@ Status Daemon::StartParts() {
     timeline_->Stop();
     return Status::Ok();
   });
+  handler_->SetJoinReport([this](int rank) { agent_->ReportJoined(rank); });
 
   pipeline::ExecutorOptions executor_options;
   executor_options.observer = &observers_;
+  executor_options.on_join_done = [this](int last_rank) { handler_->OnJoinDone(last_rank); };
   if (core_ && config_.merge.calibrate) {
     // Node 0's own group costs keep the planner's model current while the job trains.
     negotiation::CoordinatorCore* core = core_.get();

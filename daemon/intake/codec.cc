@@ -249,6 +249,7 @@ Result<Message> Decode(const void* data, size_t size, int num_fds) {
     }
     case SPARSYNC_MSG_UNREGISTER: return Exact<sparsync_unregister_msg>(data, size, "UNREGISTER");
     case SPARSYNC_MSG_GOODBYE: return Exact<sparsync_goodbye>(data, size, "GOODBYE");
+    case SPARSYNC_MSG_JOIN: return Exact<sparsync_join_msg>(data, size, "JOIN");
     case SPARSYNC_MSG_TIMELINE: {
       auto m = Exact<sparsync_timeline_msg>(data, size, "TIMELINE");
       if (!m.ok()) return m;

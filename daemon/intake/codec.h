@@ -17,7 +17,8 @@ namespace sparsync::intake {
 inline constexpr uint64_t kMaxTensorBytes = 1ull << 40;  // 1 TiB: a safe upper bound on numel
 
 using Message = std::variant<sparsync_hello, sparsync_register_msg, sparsync_ready,
-                             sparsync_unregister_msg, sparsync_goodbye, sparsync_timeline_msg>;
+                             sparsync_unregister_msg, sparsync_goodbye, sparsync_timeline_msg,
+                             sparsync_join_msg>;
 
 // Decodes one datagram a worker sent. `num_fds`: descriptors that came with it (workers never
 // send any). Errors say what is wrong in words a shim author can act on.

@@ -272,6 +272,10 @@ void IntakeHandler::OnTimeline(const std::shared_ptr<WorkerSession>&,
   CopyMessage(reply->message, "this daemon records no timeline");
 }
 
+Status IntakeHandler::OnJoin(const std::shared_ptr<WorkerSession>&) {
+  return InvalidArgument("this daemon takes no JOIN");
+}
+
 void IntakeServer::Close(int fd, const Status& reason) {
   auto it = sessions_.find(fd);
   if (it == sessions_.end()) return;
@@ -423,6 +427,11 @@ void IntakeServer::HandleMessage(int fd, const std::shared_ptr<WorkerSession>& s
     handler_->OnTimeline(session, *timeline, &reply);
     Status sent = session->Send(&reply, sizeof(reply));
     if (!sent.ok()) Close(fd, sent);
+    return;
+  }
+  if (std::holds_alternative<sparsync_join_msg>(m)) {
+    Status st = handler_->OnJoin(session);
+    if (!st.ok()) Close(fd, st.WithContext("protocol violation"));
     return;
   }
   if (std::holds_alternative<sparsync_goodbye>(m)) {

@@ -45,6 +45,8 @@ class IntakeHandler {
   // it is refused (a handler without a timeline).
   virtual void OnTimeline(const std::shared_ptr<WorkerSession>& session,
                           const sparsync_timeline_msg& msg, sparsync_timeline_reply* reply);
+  // JOIN (hvd.join()). A non-OK status is a protocol violation. By default refused.
+  virtual Status OnJoin(const std::shared_ptr<WorkerSession>& session);
   // The connection is gone: `reason` is OK after GOODBYE, else why it closed.
   virtual void OnDisconnect(const std::shared_ptr<WorkerSession>& session, const Status& reason) = 0;
 };

@@ -131,11 +131,14 @@ Status WorkerHandler::OnReady(const std::shared_ptr<WorkerSession>& session,
     const pipeline::WorkerPart& part = *posted.refused;
     (void)SendDone(*part.session, part.tensor_id, part.round, failure_->status());
   }
-  if (!posted.ready) return Status::Ok();
-  pipeline::ReadyRound& ready = *posted.ready;
+  if (posted.ready) ReportRound(std::move(*posted.ready));
+  return Status::Ok();
+}
+
+void WorkerHandler::ReportRound(pipeline::ReadyRound ready) {
   if (ready.cuda_parts.empty()) {
     report_(std::move(ready.report));
-    return Status::Ok();
+    return;
   }
   std::vector<std::shared_ptr<device::CudaTensor>> cuda;
   for (const pipeline::WorkerPart& part : ready.cuda_parts) cuda.push_back(part.cuda);
@@ -146,7 +149,49 @@ Status WorkerHandler::OnReady(const std::shared_ptr<WorkerSession>& session,
        report = std::move(ready.report)](const Status& st, device::NodeSumOnDevice where) mutable {
         OnNodeSum(name, generation, std::move(report), st, std::move(where));
       });
+}
+
+Status WorkerHandler::OnJoin(const std::shared_ptr<WorkerSession>& session) {
+  {
+    std::lock_guard lock(join_mu_);
+    for (const auto& s : joining_) {
+      if (s == session) return InvalidArgument("JOIN before the previous one was answered");
+    }
+    joining_.push_back(session);
+  }
+  if (Status failed = failure_->status(); !failed.ok()) {
+    AnswerJoined(failed, -1);
+    return Status::Ok();
+  }
+  const int rank = world_.node_rank * world_.local_size + static_cast<int>(session->local_rank);
+  spdlog::debug("{} joined (rank {})", session->Describe(world_.node_rank), rank);
+  for (pipeline::ReadyRound& ready : table_->Join(static_cast<int>(session->local_rank))) {
+    ReportRound(std::move(ready));
+  }
+  if (joined_) joined_(rank);
   return Status::Ok();
+}
+
+void WorkerHandler::OnJoinDone(int last_rank) {
+  table_->EndJoin();
+  spdlog::debug("every worker joined, rank {} last", last_rank);
+  AnswerJoined(Status::Ok(), last_rank);
+}
+
+void WorkerHandler::AnswerJoined(const Status& status, int last_rank) {
+  std::vector<std::shared_ptr<WorkerSession>> answer;
+  {
+    std::lock_guard lock(join_mu_);
+    answer.swap(joining_);
+  }
+  for (const auto& session : answer) {
+    sparsync_join_reply reply{};
+    FillHeader(&reply.header, SPARSYNC_MSG_JOIN_REPLY, sizeof(reply));
+    reply.status = WireStatus(status);
+    reply.last_rank = last_rank;
+    CopyMessage(reply.message, status.message());
+    (void)session->Send(&reply, sizeof(reply));
+  }
 }
 
 void WorkerHandler::OnNodeSum(const std::string& name, uint64_t generation,
@@ -211,6 +256,7 @@ void WorkerHandler::OnFailure(const Status& error, JobFailure::Source source) {
   for (const pipeline::WorkerPart& part : waiting) {
     (void)SendDone(*part.session, part.tensor_id, part.round, error);
   }
+  AnswerJoined(error, -1);
 }
 
 }  // namespace sparsync::intake

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,17 @@ class WorkerHandler : public IntakeHandler {
   void OnDisconnect(const std::shared_ptr<WorkerSession>& session, const Status& reason) override;
   void OnTimeline(const std::shared_ptr<WorkerSession>& session, const sparsync_timeline_msg& msg,
                   sparsync_timeline_reply* reply) override;
+  // The worker takes part in nothing until every worker has joined: the rounds that waited for
+  // it go without it, the coordinator hears of it (`joined`), and JOIN_REPLY waits for
+  // OnJoinDone.
+  Status OnJoin(const std::shared_ptr<WorkerSession>& session) override;
+  // Every worker has joined, `last_rank` last (the schedule's join entry; stage B's thread):
+  // the joined workers get their JOIN_REPLY and take part again.
+  void OnJoinDone(int last_rank);
+  // Where a join goes: the node's agent (NodeAgent::ReportJoined). REQUIRES: before the intake
+  // server starts.
+  using JoinedFn = std::function<void(int rank)>;
+  void SetJoinReport(JoinedFn joined) { joined_ = std::move(joined); }
 
   // The JobFailure observer: answers every pending collective with `error`.
   void OnFailure(const Status& error, JobFailure::Source source);
@@ -62,6 +74,11 @@ class WorkerHandler : public IntakeHandler {
   // The node's sum of a round with CUDA parts is formed; report it unless it failed meanwhile.
   void OnNodeSum(const std::string& name, uint64_t generation, negotiation::ReadyTensor report,
                  const Status& st, device::NodeSumOnDevice where);
+  // Reports a locally ready round, forming its node sum on the GPUs first where it has CUDA
+  // parts.
+  void ReportRound(pipeline::ReadyRound ready);
+  // Sends JOIN_REPLY to every joined worker and forgets them.
+  void AnswerJoined(const Status& status, int last_rank);
 
   const pipeline::World world_;
   const std::string job_token_;
@@ -73,6 +90,9 @@ class WorkerHandler : public IntakeHandler {
   std::vector<std::weak_ptr<WorkerSession>> workers_;  // by local rank; intake thread only
   std::atomic<int> connected_{0};
   TimelineFn timeline_;
+  JoinedFn joined_;
+  std::mutex join_mu_;
+  std::vector<std::shared_ptr<WorkerSession>> joining_;  // awaiting JOIN_REPLY; join_mu_
 };
 
 }  // namespace sparsync::intake

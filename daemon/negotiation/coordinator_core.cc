@@ -156,12 +156,18 @@ Result<std::vector<std::string>> CoordinatorCore::StoreGet(const std::vector<std
 
 Result<std::vector<uint32_t>> CoordinatorCore::Report(int node,
                                                       const std::vector<TensorMeta>& new_tensors,
-                                                      const std::vector<ReportedReady>& ready) {
+                                                      const std::vector<ReportedReady>& ready,
+                                                      const std::vector<int32_t>& joined) {
   Result<std::vector<uint32_t>> result = Internal("unset");
   std::vector<std::string> notes;
   {
     std::lock_guard lock(mu_);
-    result = state_.Report(node, new_tensors, ready, Clock::now());
+    const auto now = Clock::now();
+    result = state_.Report(node, new_tensors, ready, now);
+    for (int32_t rank : joined) {
+      if (!result.ok()) break;
+      if (Status st = state_.Joined(node, rank, now); !st.ok()) result = st;
+    }
     notes = state_.TakeLog();
   }
   Note(notes);

@@ -30,8 +30,10 @@ class CoordinatorCore : public CoordinatorLink {
   Status StoreSet(const std::string& key, const std::string& value) override;
   Result<std::vector<std::string>> StoreGet(const std::vector<std::string>& keys,
                                             std::chrono::milliseconds timeout) override;
+  using CoordinatorLink::Report;
   Result<std::vector<uint32_t>> Report(int node, const std::vector<TensorMeta>& new_tensors,
-                                       const std::vector<ReportedReady>& ready) override;
+                                       const std::vector<ReportedReady>& ready,
+                                       const std::vector<int32_t>& joined) override;
   Result<std::vector<ScheduleEntry>> Poll(int node, uint64_t after_seq,
                                           std::chrono::milliseconds wait) override;
   Status Fail(int node, const Status& error) override;

@@ -30,8 +30,15 @@ class CoordinatorLink {
   // Waits up to `timeout` for every key to exist.
   virtual Result<std::vector<std::string>> StoreGet(const std::vector<std::string>& keys,
                                                     std::chrono::milliseconds timeout) = 0;
+  // `joined`: global ranks of `node` that called hvd.join() since its last report, applied after
+  // `ready` (CoordinatorState::Joined).
   virtual Result<std::vector<uint32_t>> Report(int node, const std::vector<TensorMeta>& new_tensors,
-                                               const std::vector<ReportedReady>& ready) = 0;
+                                               const std::vector<ReportedReady>& ready,
+                                               const std::vector<int32_t>& joined) = 0;
+  Result<std::vector<uint32_t>> Report(int node, const std::vector<TensorMeta>& new_tensors,
+                                       const std::vector<ReportedReady>& ready) {
+    return Report(node, new_tensors, ready, {});
+  }
   // Entries with seq > after_seq; waits up to `wait` when there are none (may return none).
   virtual Result<std::vector<ScheduleEntry>> Poll(int node, uint64_t after_seq,
                                                   std::chrono::milliseconds wait) = 0;

@@ -25,6 +25,7 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 CoordinatorState::CoordinatorState(CoordinatorOptions options)
     : options_(options),
+      joined_(static_cast<size_t>(options.num_nodes) * options.local_size, false),
       last_poll_(options.num_nodes),
       acked_(options.num_nodes, 0),
       left_(options.num_nodes, false),
@@ -122,13 +123,7 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   Pending& p = it->second;
   if (inserted) {
     p.ready.assign(options_.num_nodes, false);
-    if (meta.members.empty()) {
-      p.needed.assign(options_.num_nodes, true);
-    } else {
-      p.needed.assign(options_.num_nodes, false);
-      for (int32_t r : meta.members) p.needed[r / options_.local_size] = true;
-    }
-    p.needed_count = static_cast<int>(std::count(p.needed.begin(), p.needed.end(), true));
+    p.needed = NeededNodes(meta);
     p.node_dims.assign(options_.num_nodes, {});
     p.node_ready_ns.assign(options_.num_nodes, 0);
     p.first_report = now;
@@ -142,8 +137,37 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   p.ready[node] = true;
   p.node_dims[node] = std::move(dims);
   p.node_ready_ns[node] = ready_ns;
-  if (++p.ready_count < p.needed_count) return;
+  if (Complete(p)) Ready(it, now);
+}
 
+std::vector<bool> CoordinatorState::NeededNodes(const TensorMeta& meta) const {
+  std::vector<bool> needed(options_.num_nodes, false);
+  for (int r = 0; r < static_cast<int>(joined_.size()); ++r) {
+    if (meta.HasMember(r) && !joined_[r]) needed[r / options_.local_size] = true;
+  }
+  return needed;
+}
+
+bool CoordinatorState::Complete(const Pending& p) const {
+  bool any = false;
+  for (int n = 0; n < options_.num_nodes; ++n) {
+    if (p.needed[n] && !p.ready[n]) return false;
+    any = any || p.ready[n];
+  }
+  return any;
+}
+
+void CoordinatorState::Ready(std::map<uint32_t, Pending>::iterator it, Clock::time_point now) {
+  const uint32_t slot = it->first;
+  Pending& p = it->second;
+  const TensorMeta& meta = metas_[slot - 1];
+  if (meta.op == CollectiveOp::kBroadcast && joined_[meta.root_rank]) {
+    Fail(-1, InvalidArgument("broadcast of '" + meta.name + "' from root rank " +
+                             std::to_string(meta.root_rank) +
+                             ", which has called join(): it takes part in no collective until "
+                             "every rank has joined"));
+    return;
+  }
   if (meta.op == CollectiveOp::kGradient) {
     // The merge scheduler measures every gradient and groups those its plan covers.
     ReadyGradient g;
@@ -166,10 +190,23 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   Batched b;
   b.tensor.slot = slot;
   if (meta.op == CollectiveOp::kAllGather) {
-    for (auto& d : p.node_dims) b.tensor.worker_dim0.insert(b.tensor.worker_dim0.end(), d.begin(), d.end());
+    // One size per member rank, in rank order: a node that did not report (its members have all
+    // joined) adds none of its rows.
+    for (int n = 0; n < options_.num_nodes; ++n) {
+      if (p.ready[n]) {
+        const auto& d = p.node_dims[n];
+        b.tensor.worker_dim0.insert(b.tensor.worker_dim0.end(), d.begin(), d.end());
+        continue;
+      }
+      for (int r = n * options_.local_size; r < (n + 1) * options_.local_size; ++r) {
+        if (meta.HasMember(r)) b.tensor.worker_dim0.push_back(0);
+      }
+    }
   }
-  // Nodes without a member never registered a process set's tensor: they learn it here.
-  if (!meta.members.empty()) b.tensor.meta = std::make_shared<const TensorMeta>(meta);
+  // Nodes with no member taking part may never have registered the tensor: they learn it here.
+  if (!meta.members.empty() || joined_count_ > 0) {
+    b.tensor.meta = std::make_shared<const TensorMeta>(meta);
+  }
   b.bytes = meta.Bytes();
   b.fusion_key = FusionKey(meta);
   pending_by_name_.erase(meta.name);
@@ -192,6 +229,42 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   if (batch_.empty()) batch_started_ = now;
   batch_urgent_ = batch_urgent_ || meta.op != CollectiveOp::kGradient;
   for (Batched& r : ready) batch_.push_back(std::move(r));
+}
+
+Status CoordinatorState::Joined(int node, int rank, Clock::time_point now) {
+  if (failed()) return Aborted(fatal_.message());
+  if (node < 0 || node >= options_.num_nodes || rank < node * options_.local_size ||
+      rank >= (node + 1) * options_.local_size) {
+    return InvalidArgument("node " + std::to_string(node) + " reported rank " +
+                           std::to_string(rank) + " joined, which is not one of its ranks");
+  }
+  if (joined_[rank]) {
+    return InvalidArgument("rank " + std::to_string(rank) + " joined twice");
+  }
+  joined_[rank] = true;
+  ++joined_count_;
+  if (joined_count_ == static_cast<int>(joined_.size())) {
+    // Everyone is out of data: the join ends, after whatever is scheduled already.
+    if (!batch_.empty()) Flush();
+    joined_.assign(joined_.size(), false);
+    joined_count_ = 0;
+    ScheduleEntry entry;
+    entry.join_last_rank = rank;
+    Append(std::move(entry));
+    return Status::Ok();
+  }
+  // Tensors that waited only for this rank's node go now, without it.
+  std::vector<uint32_t> complete;
+  for (auto& [slot, p] : pending_) {
+    p.needed = NeededNodes(metas_[slot - 1]);
+    if (Complete(p)) complete.push_back(slot);
+  }
+  for (uint32_t slot : complete) {
+    Ready(pending_.find(slot), now);
+    if (failed()) break;
+  }
+  if (!failed() && !batch_.empty()) Flush();
+  return Status::Ok();
 }
 
 void CoordinatorState::Flush() {

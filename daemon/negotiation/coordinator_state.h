@@ -55,6 +55,13 @@ class CoordinatorState {
                                        const std::vector<ReportedReady>& ready,
                                        Clock::time_point now);
 
+  // hvd.join(): global rank `rank` of `node` is out of data. Until every rank has joined it takes
+  // part in nothing: a tensor no longer waits for a node whose members have all joined (the
+  // entry carries the tensor's metadata for such nodes). The last join appends an entry that
+  // names the last rank and ends the join. INVALID_ARGUMENT for a rank not on `node`, or one
+  // already joined; ABORTED once the job has failed.
+  Status Joined(int node, int rank, Clock::time_point now);
+
   // Fails the job (first failure wins). `node` < 0: the coordinator itself.
   void Fail(int node, const Status& error);
   // A node's daemon is shutting down: fails the job unless it already failed.
@@ -90,11 +97,9 @@ class CoordinatorState {
  private:
   struct Pending {
     std::vector<bool> ready;                      // per node
-    std::vector<bool> needed;                     // per node: hosts a member of the tensor's set
-    int needed_count = 0;
+    std::vector<bool> needed;  // per node: hosts a member of the tensor's set that has not joined
     std::vector<std::vector<int64_t>> node_dims;  // ALLGATHER: per node, per local worker
     std::vector<int64_t> node_ready_ns;           // per node, the node's own clock
-    int ready_count = 0;
     Clock::time_point first_report;
     bool warned = false;
   };
@@ -106,6 +111,10 @@ class CoordinatorState {
 
   void MarkReady(int node, uint32_t slot, std::vector<int64_t> dims, int64_t ready_ns,
                  Clock::time_point now);
+  std::vector<bool> NeededNodes(const TensorMeta& meta) const;
+  bool Complete(const Pending& p) const;  // every needed node reported it
+  // A tensor reported by every node it needs: to the merge scheduler or the batch.
+  void Ready(std::map<uint32_t, Pending>::iterator it, Clock::time_point now);
   void AppendMergeOutputs();
   void Flush();
   void Append(ScheduleEntry entry);
@@ -125,6 +134,8 @@ class CoordinatorState {
     std::string first;        // that tensor's name, for the timeout's message
   };
   std::unordered_map<uint64_t, HeldGroup> groups_;
+  std::vector<bool> joined_;  // by global rank: inside hvd.join()
+  int joined_count_ = 0;
   Clock::time_point batch_started_;
   bool batch_urgent_ = false;
   std::deque<ScheduleEntry> log_;

@@ -104,6 +104,7 @@ void ToProto(const ScheduleEntry& in, v1::ScheduleEntry* out) {
   }
   out->set_plan_version(in.plan_version);
   out->set_group_index(in.group_index);
+  if (in.join_last_rank >= 0) out->set_join_last_rank_plus_one(in.join_last_rank + 1);
 }
 
 ScheduleEntry FromProto(const v1::ScheduleEntry& in) {
@@ -147,6 +148,9 @@ ScheduleEntry FromProto(const v1::ScheduleEntry& in) {
   }
   e.plan_version = in.plan_version();
   e.group_index = in.group_index();
+  if (in.join_last_rank_plus_one() != 0) {
+    e.join_last_rank = static_cast<int32_t>(in.join_last_rank_plus_one() - 1);
+  }
   return e;
 }
 

@@ -78,7 +78,8 @@ grpc::Status CoordinatorHandlers::Report(const v1::ReportRequest& req, v1::Repor
     rr.ready_ns = r.ready_ns();
     ready.push_back(std::move(rr));
   }
-  auto slots = core_->Report(static_cast<int>(req.node_rank()), metas, ready);
+  const std::vector<int32_t> joined(req.joined_ranks().begin(), req.joined_ranks().end());
+  auto slots = core_->Report(static_cast<int>(req.node_rank()), metas, ready, joined);
   if (!slots.ok()) return ToGrpc(slots.status());
   for (uint32_t s : *slots) resp->add_new_slots(s);
   return grpc::Status::OK;

@@ -72,9 +72,14 @@ void NodeAgent::SendReports(std::vector<ReadyTensor> batch) {
   std::lock_guard send_lock(send_mu_);
   std::vector<TensorMeta> new_tensors;
   std::vector<ReportedReady> ready;
+  std::vector<int32_t> joined;
   {
     std::lock_guard lock(mu_);
     for (auto& r : batch) {
+      if (r.joined_rank >= 0) {
+        joined.push_back(r.joined_rank);
+        continue;
+      }
       ReportedReady rr;
       rr.worker_dim0 = std::move(r.worker_dim0);
       rr.ready_ns = r.ready_ns;
@@ -88,7 +93,7 @@ void NodeAgent::SendReports(std::vector<ReadyTensor> batch) {
       ready.push_back(std::move(rr));
     }
   }
-  auto slots = link_->Report(node_rank_, new_tensors, ready);
+  auto slots = link_->Report(node_rank_, new_tensors, ready, joined);
   Status error;
   if (!slots.ok()) {
     error = slots.status();

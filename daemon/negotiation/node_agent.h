@@ -46,6 +46,12 @@ class NodeAgent {
 
   // A tensor is ready on this node. Never blocks on the network.
   void Report(ReadyTensor tensor);
+  // Global rank `rank` of this node called hvd.join(); reported after the tensors before it.
+  void ReportJoined(int rank) {
+    ReadyTensor notice;
+    notice.joined_rank = rank;
+    Report(std::move(notice));
+  }
   // The next schedule entries, in order, with every group tensor's name filled in; waits up to
   // `wait` (may return none). Called by the executor's stage A only.
   std::vector<ScheduleEntry> Next(std::chrono::milliseconds wait);

@@ -20,8 +20,11 @@ using sparsync::TensorMeta;
 // A tensor every local worker of a node has posted: what the node reports to the coordinator.
 struct ReadyTensor {
   TensorMeta meta;
-  std::vector<int64_t> worker_dim0;  // ALLGATHER: each local worker's first dimension
+  std::vector<int64_t> worker_dim0;  // ALLGATHER: each local member's first dimension (0: joined)
   int64_t ready_ns = 0;              // steady clock when the last local worker posted it
+  // >= 0: not a tensor but the news that this global rank called hvd.join() (NodeAgent orders it
+  // after the tensors reported before it).
+  int32_t joined_rank = -1;
 };
 
 struct GroupTensor {
@@ -63,6 +66,8 @@ struct ScheduleEntry {
   // plan it follows (PlanInfo::dense), as it fills in the names.
   bool dense = false;
   int64_t received_ns = 0;         // steady clock when this node's agent received it
+  // >= 0: every rank has called hvd.join(), this one last; the join ends here (no group).
+  int32_t join_last_rank = -1;
 };
 
 }  // namespace sparsync::negotiation

@@ -26,6 +26,7 @@ int64_t NowNs() {
 struct Executor::Slot {
   Group group;
   Status error;  // stage A failed: the entry fails in its place in stage B
+  int join_last_rank = -1;  // >= 0: the join-done entry, nothing to exchange
   ReducePath* path = nullptr;
   size_t path_index = 0;
   std::vector<std::unique_ptr<ReducePath::Scratch>> scratch;  // by path index
@@ -99,6 +100,10 @@ void Executor::Execute(const negotiation::ScheduleEntry& entry) {
     OnFatal(entry.fatal);
     return;
   }
+  if (entry.join_last_rank >= 0 && !failure_->failed()) {
+    if (options_.on_join_done) options_.on_join_done(entry.join_last_rank);
+    return;
+  }
   if (entry.group.empty() || failure_->failed()) return;
   Slot* slot = slots_.back().get();  // never in the hand-off
   Prepare(entry, slot);
@@ -120,6 +125,14 @@ void Executor::PrepareLoop() {
     for (const auto& entry : entries) {
       if (stopping_) return;
       if (!entry.fatal.ok()) continue;
+      if (entry.join_last_rank >= 0 && !prepare_failed_ && !failure_->failed()) {
+        // The join ends after every earlier entry is delivered: in stage B's order.
+        Slot* slot = AcquireSlot();
+        if (!slot) return;
+        slot->join_last_rank = entry.join_last_rank;
+        HandOff(slot);
+        continue;
+      }
       // A plan announcement has nothing to exchange. After a failure the table refuses
       // everything; later entries have nothing to do.
       if (entry.group.empty() || prepare_failed_ || failure_->failed()) continue;
@@ -228,6 +241,10 @@ void Executor::ExchangeLoop() {
 
 void Executor::Complete(Slot* slot) {
   if (failure_->failed()) return;  // every pending tensor was failed with the first error
+  if (slot->join_last_rank >= 0) {
+    if (options_.on_join_done) options_.on_join_done(slot->join_last_rank);
+    return;
+  }
   if (!slot->error.ok()) {
     OnError(slot->error);
     Notify(*slot, /*done=*/true);
@@ -341,6 +358,7 @@ Executor::Slot* Executor::TakePrepared() {
 }
 
 void Executor::ReleaseSlot(Slot* slot) {
+  slot->join_last_rank = -1;
   slot->group.members.clear();  // lets go of the workers' regions and sessions
   slot->group.slices.clear();
   {

@@ -64,6 +64,9 @@ struct ExecutorOptions {
   std::function<void(uint64_t seq)> on_exchange;
   // Called on stage B's thread after the DONE messages of every reduced gradient group.
   std::function<void(const GroupCost&)> on_group_cost;
+  // Every rank has joined (hvd.join()), `last_rank` last: called in schedule order, from stage B,
+  // once every entry before it has been delivered.
+  std::function<void(int last_rank)> on_join_done;
   // The timeline and the metrics (observe/observer.h), told about every entry on stage B: before
   // its transport calls and when it is done. Null: none. Outlives the executor.
   observe::Observer* observer = nullptr;

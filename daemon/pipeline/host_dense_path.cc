@@ -14,10 +14,13 @@ namespace {
 // start-up. Smaller members are packed side by side and reduced with one call.
 constexpr size_t kOwnRegionBytes = size_t{1} << 20;
 
-// Every node must make the same calls: a process set's tensor, whose parts differ from node to
-// node (none on a node without a member), is always packed.
-bool ReducedInItsRegion(const GroupMember& m) {
-  return m.meta.members.empty() && m.num_inputs() == 1 && AccumulatesInPlace(m.meta.dtype) &&
+// Every node must make the same calls, so the choice may not depend on how many of a node's
+// workers take part (hvd.join() leaves some out; a node whose workers all joined has no part and
+// sends zeros). A process set's tensor, whose parts differ from node to node, is always packed.
+// The node's single input: one worker per node, or the node's sum formed on its GPUs.
+bool ReducedInItsRegion(const GroupMember& m, int local_size) {
+  const bool one_input = local_size == 1 || m.sum != NodeSum::kRegions;
+  return m.meta.members.empty() && one_input && AccumulatesInPlace(m.meta.dtype) &&
          m.meta.Bytes() >= kOwnRegionBytes;
 }
 
@@ -25,8 +28,8 @@ bool ReducedInItsRegion(const GroupMember& m) {
 // buffer and reduced with one allreduce.
 class HostDensePath final : public ReducePath {
  public:
-  explicit HostDensePath(transport::Transport* transport)
-      : ReducePath("host dense"), transport_(transport) {}
+  HostDensePath(World world, transport::Transport* transport)
+      : ReducePath("host dense"), local_size_(world.local_size), transport_(transport) {}
 
   bool Takes(const Group& group) const override {
     return Reduces(group.op) && group.reducer == nullptr;
@@ -41,7 +44,7 @@ class HostDensePath final : public ReducePath {
     f.own.clear();
     size_t packed_elements = 0;
     for (size_t i = 0; i < group.members.size(); ++i) {
-      if (ReducedInItsRegion(group.members[i])) {
+      if (ReducedInItsRegion(group.members[i], local_size_)) {
         f.own.push_back(i);
       } else {
         f.packed.push_back({i, packed_elements});
@@ -49,6 +52,7 @@ class HostDensePath final : public ReducePath {
       }
     }
     for (size_t i : f.own) {
+      if (group.members[i].parts.empty()) continue;  // zeros (Exchange)
       SPARSYNC_RETURN_IF_ERROR(
           FlushResidual(group, i, static_cast<float*>(group.members[i].parts[0].region->data())));
     }
@@ -95,8 +99,16 @@ class HostDensePath final : public ReducePath {
       group.marks.Add("write-back");
     }
     for (size_t i : f.own) {
-      void* data = group.members[i].parts[0].region->data();
+      const GroupMember& m = group.members[i];
       const size_t count = group.slices[i].count;
+      if (m.parts.empty()) {  // no worker here takes part: zeros, and nothing to write back
+        const size_t bytes = count * transport::ElementSize(acc_type);
+        f.zeros.assign(bytes, 0);
+        SPARSYNC_RETURN_IF_ERROR(transport_->AllReduceSum(f.zeros.data(), count, acc_type, (*tag)++));
+        group.marks.Add("transfer");
+        continue;
+      }
+      void* data = m.parts[0].region->data();
       SPARSYNC_RETURN_IF_ERROR(transport_->AllReduceSum(data, count, acc_type, (*tag)++));
       group.marks.Add("transfer");
       DivideInPlace(data, count, group.divisor, dtype);
@@ -113,14 +125,16 @@ class HostDensePath final : public ReducePath {
     size_t elements = 0;       // of the packed members
     std::vector<std::pair<size_t, size_t>> packed;  // (member, element offset in buffer)
     std::vector<size_t> own;                        // members reduced in their own region
+    std::vector<char> zeros;  // an own member's contribution from a node where none takes part
   };
+  const int local_size_;
   transport::Transport* const transport_;
 };
 
 }  // namespace
 
-std::unique_ptr<ReducePath> MakeHostDensePath(transport::Transport* transport) {
-  return std::make_unique<HostDensePath>(transport);
+std::unique_ptr<ReducePath> MakeHostDensePath(World world, transport::Transport* transport) {
+  return std::make_unique<HostDensePath>(world, transport);
 }
 
 }  // namespace sparsync::pipeline

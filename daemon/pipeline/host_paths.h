@@ -26,7 +26,7 @@ namespace sparsync::pipeline {
 
 std::unique_ptr<ReducePath> MakeInPlacePath(World world, transport::Transport* transport);
 std::unique_ptr<ReducePath> MakeHostSparsePath();
-std::unique_ptr<ReducePath> MakeHostDensePath(transport::Transport* transport);
+std::unique_ptr<ReducePath> MakeHostDensePath(World world, transport::Transport* transport);
 std::unique_ptr<ReducePath> MakeGatherPath(World world, transport::Transport* transport);
 std::unique_ptr<ReducePath> MakeBroadcastPath(World world, transport::Transport* transport);
 

@@ -1,5 +1,7 @@
 #include "daemon/pipeline/host_sum.h"
 
+#include <cstring>
+
 #include "daemon/pipeline/dense_math.h"
 
 namespace sparsync::pipeline {
@@ -39,8 +41,10 @@ void SumMembersInto(const Group& group, void* acc) {
     inputs.clear();
     // Parts summed on the node's GPUs arrive as one input.
     for (size_t r = 0; r < m.num_inputs(); ++r) inputs.push_back(m.parts[r].region->data());
-    SumInto(static_cast<char*>(acc) + group.slices[i].offset * acc_size, inputs,
-            group.slices[i].count, dtype);
+    char* out = static_cast<char*>(acc) + group.slices[i].offset * acc_size;
+    // No worker of this node takes part (joined, or outside the process set): it adds zeros.
+    if (inputs.empty()) std::memset(out, 0, group.slices[i].count * acc_size);
+    SumInto(out, inputs, group.slices[i].count, dtype);
   }
 }
 

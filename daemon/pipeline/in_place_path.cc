@@ -13,11 +13,11 @@ class InPlacePath final : public ReducePath {
       : ReducePath("in place"), local_size_(world.local_size), transport_(transport) {}
 
   bool Takes(const Group& group) const override {
-    // Not a process set's tensor: a node without a member has no region, so every node of the
-    // job takes the packed host dense path for it.
+    // Not a process set's tensor, and this node's worker takes part: a node whose worker does
+    // not (outside the set, or joined) has no region; the host dense path makes the same call.
     return Reduces(group.op) && group.reducer == nullptr && group.members.size() == 1 &&
            local_size_ == 1 && AccumulatesInPlace(group.members[0].meta.dtype) &&
-           group.members[0].meta.members.empty();
+           group.members[0].meta.members.empty() && group.members[0].parts.size() == 1;
   }
 
   Status Prepare(Group& group, Scratch&, bool*) override {
@@ -54,7 +54,7 @@ std::vector<std::unique_ptr<ReducePath>> HostPaths(World world, transport::Trans
   std::vector<std::unique_ptr<ReducePath>> paths;
   paths.push_back(MakeInPlacePath(world, transport));
   paths.push_back(MakeHostSparsePath());
-  paths.push_back(MakeHostDensePath(transport));
+  paths.push_back(MakeHostDensePath(world, transport));
   paths.push_back(MakeGatherPath(world, transport));
   paths.push_back(MakeBroadcastPath(world, transport));
   return paths;

@@ -15,7 +15,7 @@ int64_t NowNs() {
 }  // namespace
 
 TensorTable::TensorTable(World world, const JobFailure* failure)
-    : world_(world), failure_(failure) {}
+    : world_(world), failure_(failure), joined_(world.local_size, false) {}
 
 Status TensorTable::CheckCompatible(const Tensor& t, const TensorMeta& meta, int local_rank) const {
   if (t.meta.SignatureKey() == meta.SignatureKey()) return Status::Ok();
@@ -52,7 +52,6 @@ Status TensorTable::Register(const std::shared_ptr<intake::WorkerSession>& sessi
     it->second.meta = meta;
     it->second.parts.resize(world_.local_size);
     it->second.posted.assign(world_.local_size, false);
-    for (int r = 0; r < world_.local_size; ++r) it->second.expected += meta.HasMember(GlobalRank(r));
   }
   auto part = std::make_unique<WorkerPart>();
   part->session = session;
@@ -73,6 +72,10 @@ Result<TensorTable::Posted> TensorTable::Post(const std::shared_ptr<intake::Work
   if (id == session->tensors.end()) {
     return InvalidArgument("READY for unregistered tensor id " + std::to_string(tensor_id));
   }
+  if (joined_[session->local_rank]) {
+    return InvalidArgument("READY from a worker inside join(): it may post again once every "
+                           "worker has joined");
+  }
   Tensor& t = tensors_.at(id->second);
   WorkerPart& part = *t.parts[session->local_rank];
   if (round != part.round + 1) {
@@ -88,7 +91,21 @@ Result<TensorTable::Posted> TensorTable::Post(const std::shared_ptr<intake::Work
     return posted;
   }
   t.posted[session->local_rank] = true;
-  if (++t.posted_count < t.expected) return posted;
+  ++t.posted_count;
+  if (!LocallyComplete(t)) return posted;
+  posted.ready = MakeReady(t);
+  return posted;
+}
+
+bool TensorTable::LocallyComplete(const Tensor& t) const {
+  if (t.in_flight || t.posted_count == 0) return false;
+  for (int r = 0; r < world_.local_size; ++r) {
+    if (t.meta.HasMember(GlobalRank(r)) && !t.posted[r] && !joined_[r]) return false;
+  }
+  return true;
+}
+
+ReadyRound TensorTable::MakeReady(Tensor& t) {
   t.in_flight = true;
   t.ready_ns = NowNs();
   t.sum = NodeSum::kRegions;
@@ -97,21 +114,36 @@ Result<TensorTable::Posted> TensorTable::Post(const std::shared_ptr<intake::Work
   ready.report.meta = t.meta;
   ready.report.ready_ns = t.ready_ns;
   ready.generation = t.generation;
-  // Every part that takes part is here (posted); a process set's non-members have none.
+  // The parts that take part posted; a joined worker's adds nothing (an allgather: no rows).
   if (t.meta.op == CollectiveOp::kAllGather) {
-    for (const auto& p : t.parts) {
-      if (p) ready.report.worker_dim0.push_back(p->dim0);
+    for (int r = 0; r < world_.local_size; ++r) {
+      if (!t.meta.HasMember(GlobalRank(r))) continue;
+      ready.report.worker_dim0.push_back(t.posted[r] ? t.parts[r]->dim0 : 0);
     }
   }
   bool on_device = false;
-  for (const auto& p : t.parts) on_device = on_device || (p && p->cuda);
+  for (int r = 0; r < world_.local_size; ++r) on_device = on_device || (t.posted[r] && t.parts[r]->cuda);
   if (on_device) {
-    for (const auto& p : t.parts) {
-      if (p) ready.cuda_parts.push_back(*p);
+    for (int r = 0; r < world_.local_size; ++r) {
+      if (t.posted[r]) ready.cuda_parts.push_back(*t.parts[r]);
     }
   }
-  posted.ready = std::move(ready);
-  return posted;
+  return ready;
+}
+
+std::vector<ReadyRound> TensorTable::Join(int local_rank) {
+  std::vector<ReadyRound> now_ready;
+  std::lock_guard lock(mu_);
+  joined_[local_rank] = true;
+  for (auto& [name, t] : tensors_) {
+    if (LocallyComplete(t)) now_ready.push_back(MakeReady(t));
+  }
+  return now_ready;
+}
+
+void TensorTable::EndJoin() {
+  std::lock_guard lock(mu_);
+  joined_.assign(world_.local_size, false);
 }
 
 bool TensorTable::SetNodeSum(const std::string& name, uint64_t generation, NodeSum sum,
@@ -181,20 +213,18 @@ Result<std::vector<GroupMember>> TensorTable::Resolve(const negotiation::Schedul
   std::vector<GroupMember> members;
   for (const auto& scheduled : entry.group) {
     auto it = tensors_.find(scheduled.name);
-    if (it == tensors_.end() && scheduled.meta) {
-      bool hosts_member = false;
-      for (int r = 0; r < world_.local_size; ++r) {
-        hosts_member = hosts_member || scheduled.meta->HasMember(GlobalRank(r));
-      }
-      if (!hosts_member) {
-        GroupMember m;
-        m.meta = *scheduled.meta;
-        m.scheduled = scheduled;
-        members.push_back(std::move(m));
-        continue;
-      }
+    const bool ready_here = it != tensors_.end() && it->second.in_flight;
+    const TensorMeta* meta = it != tensors_.end() ? &it->second.meta : scheduled.meta.get();
+    if (!ready_here && meta && NoneTakesPart(*meta)) {
+      // No worker of this node takes part (none is in the tensor's process set, or every one
+      // that is has joined): the node adds nothing of its own.
+      GroupMember m;
+      m.meta = *meta;
+      m.scheduled = scheduled;
+      members.push_back(std::move(m));
+      continue;
     }
-    if (it == tensors_.end() || !it->second.in_flight) {
+    if (!ready_here) {
       return Internal("tensor '" + scheduled.name +
                       "' was scheduled but is not ready on this node");
     }
@@ -207,7 +237,7 @@ Result<std::vector<GroupMember>> TensorTable::Resolve(const negotiation::Schedul
     m.sum = t.sum;
     m.clique = t.clique;
     for (int r = 0; r < world_.local_size; ++r) {
-      if (!t.meta.HasMember(GlobalRank(r))) continue;
+      if (!t.meta.HasMember(GlobalRank(r)) || (!t.posted[r] && joined_[r])) continue;
       if (!t.parts[r]) {
         return Aborted("local rank " + std::to_string(r) + " of node " +
                        std::to_string(world_.node_rank) + " left while '" + t.meta.name +
@@ -218,6 +248,13 @@ Result<std::vector<GroupMember>> TensorTable::Resolve(const negotiation::Schedul
     members.push_back(std::move(m));
   }
   return members;
+}
+
+bool TensorTable::NoneTakesPart(const TensorMeta& meta) const {
+  for (int r = 0; r < world_.local_size; ++r) {
+    if (meta.HasMember(GlobalRank(r)) && !joined_[r]) return false;
+  }
+  return true;
 }
 
 std::vector<const GroupMember*> TensorTable::Finish(const std::vector<GroupMember>& members) {

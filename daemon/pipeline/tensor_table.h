@@ -124,13 +124,19 @@ class TensorTable {
   // Ends every posted round because the job failed, returning the parts that await a DONE.
   std::vector<WorkerPart> FailPending();
 
+  // hvd.join(): the worker of `local_rank` is out of data. Until EndJoin it takes part in no
+  // round (a round needs the other local workers' posts only; it adds nothing), and may not
+  // post. Returns the rounds that became locally ready by it.
+  std::vector<ReadyRound> Join(int local_rank);
+  // Every worker of the job has joined (the schedule's join entry): all take part again.
+  void EndJoin();
+
  private:
   struct Tensor {
     TensorMeta meta;  // shape of the first registrant (ALLGATHER: dim0 may differ)
     std::vector<std::unique_ptr<WorkerPart>> parts;  // by local rank; null: not registered
     std::vector<bool> posted;
     int posted_count = 0;
-    int expected = 0;        // local workers that take part: all, or the process set's here
     bool in_flight = false;  // reported; waiting for the schedule or executing
     int64_t ready_ns = 0;    // steady clock when the round became locally ready
     uint64_t generation = 0;
@@ -139,6 +145,10 @@ class TensorTable {
   };
 
   void EraseIfUnused(std::map<std::string, Tensor>::iterator it);  // REQUIRES: mu_ held
+  // Every worker that takes part has posted (or joined), one at least: the round is ready.
+  bool LocallyComplete(const Tensor& t) const;                    // REQUIRES: mu_ held
+  ReadyRound MakeReady(Tensor& t);                                // REQUIRES: mu_ held
+  bool NoneTakesPart(const TensorMeta& meta) const;               // REQUIRES: mu_ held
   int GlobalRank(int local_rank) const { return world_.node_rank * world_.local_size + local_rank; }
   Status CheckCompatible(const Tensor& t, const TensorMeta& meta, int local_rank) const;
 
@@ -147,6 +157,7 @@ class TensorTable {
   mutable std::mutex mu_;
   std::map<std::string, Tensor> tensors_;
   std::vector<std::string> released_;  // TakeReleased()'s
+  std::vector<bool> joined_;            // by local rank: inside hvd.join()
 };
 
 }  // namespace sparsync::pipeline

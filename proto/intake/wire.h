@@ -67,6 +67,8 @@ typedef enum sparsync_msg_type {
   SPARSYNC_MSG_GOODBYE = 8,
   SPARSYNC_MSG_TIMELINE = 9,
   SPARSYNC_MSG_TIMELINE_REPLY = 10,
+  SPARSYNC_MSG_JOIN = 11,
+  SPARSYNC_MSG_JOIN_REPLY = 12,
 } sparsync_msg_type;
 
 /* Element types. Values are part of the protocol. */
@@ -264,6 +266,21 @@ typedef struct sparsync_timeline_reply {
   char message[SPARSYNC_MAX_ERROR_BYTES]; /* NUL-terminated reason when status != OK */
 } sparsync_timeline_reply;
 
+/* hvd.join(): this worker is out of data. Until every worker of the job has joined, the daemon
+ * takes its part in every collective as nothing (zeros in a sum, no rows in an allgather; a
+ * broadcast from it fails the job); JOIN_REPLY comes once all have joined. The worker sends
+ * nothing else meanwhile and has no collective in flight. */
+typedef struct sparsync_join_msg {
+  sparsync_msg_header header;
+} sparsync_join_msg;
+
+typedef struct sparsync_join_reply {
+  sparsync_msg_header header;
+  int32_t status;    /* sparsync_status */
+  int32_t last_rank; /* the global rank that joined last */
+  char message[SPARSYNC_MAX_ERROR_BYTES]; /* NUL-terminated reason when status != OK */
+} sparsync_join_reply;
+
 #ifdef __cplusplus
 }  // extern "C"
 
@@ -272,6 +289,7 @@ static_assert(sizeof(sparsync_hello) == 96, "wire layout");
 static_assert(sizeof(sparsync_hello_reply) == 560, "wire layout");
 static_assert(sizeof(sparsync_register_msg) == 592, "wire layout");
 static_assert(sizeof(sparsync_register_reply) == 608, "wire layout");
+static_assert(sizeof(sparsync_join_reply) == 536, "wire layout");
 static_assert(sizeof(sparsync_ready) == 40, "wire layout");
 static_assert(sizeof(sparsync_done) == 560, "wire layout");
 static_assert(sizeof(sparsync_unregister_msg) == 24, "wire layout");

@@ -226,6 +226,11 @@ sparsync_status sparsync_timeline(sparsync_client* client, const char* path, dou
   return OnHandle(client, [&] { return client->session->Timeline(path ? path : "", timeout_s); });
 }
 
+sparsync_status sparsync_join(sparsync_client* client, double timeout_s, int32_t* last_rank) {
+  if (client == nullptr || last_rank == nullptr) return SPARSYNC_ERR_INVALID;
+  return OnHandle(client, [&] { return client->session->Join(timeout_s, last_rank); });
+}
+
 const char* sparsync_last_error(sparsync_client* client) {
   if (client == nullptr) return "sparsync: null client handle";
   std::lock_guard<std::mutex> lock(client->error_mu);

@@ -176,6 +176,7 @@ Status Decode(const void* data, size_t size, Incoming* out) {
     case SPARSYNC_MSG_DONE: return CopyExact<sparsync_done>(data, size, h.type, out);
     case SPARSYNC_MSG_TIMELINE_REPLY:
       return CopyExact<sparsync_timeline_reply>(data, size, h.type, out);
+    case SPARSYNC_MSG_JOIN_REPLY: return CopyExact<sparsync_join_reply>(data, size, h.type, out);
     default:
       return Status(SPARSYNC_ERR_INVALID, "unexpected message type " + std::to_string(h.type));
   }

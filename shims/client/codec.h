@@ -48,7 +48,7 @@ Status EncodeTimeline(const std::string& path, sparsync_timeline_msg* out);
 
 // A message the daemon may send.
 using Incoming = std::variant<sparsync_hello_reply, sparsync_register_reply, sparsync_done,
-                              sparsync_timeline_reply>;
+                              sparsync_timeline_reply, sparsync_join_reply>;
 
 // Checks a datagram's header, type and size and copies it into *out. An error says what is
 // malformed; the connection cannot be trusted after one.

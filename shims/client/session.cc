@@ -187,6 +187,10 @@ void Session::Dispatch(const char* buf, size_t n, ReceivedFds* fds) {
     hello_arrived_ = true;
   } else if (auto* reply = std::get_if<sparsync_register_reply>(&message)) {
     applied = registry_.OnRegisterReply(*reply, fds);
+  } else if (auto* join = std::get_if<sparsync_join_reply>(&message)) {
+    if (!join_sent_ || join_answered_ || fds->size() != 0) return MarkBroken("unexpected JOIN_REPLY");
+    join_reply_ = *join;
+    join_answered_ = true;
   } else if (auto* timeline = std::get_if<sparsync_timeline_reply>(&message)) {
     if (!timeline_pending_ || fds->size() != 0) return MarkBroken("unexpected TIMELINE_REPLY");
     timeline_reply_ = *timeline;
@@ -414,6 +418,29 @@ Status Session::Timeline(const std::string& path, double timeout_s) {
                       (path.empty() ? "stop its timeline" : "record a timeline into '" + path + "'") +
                       ": " + BoundedString(timeline_reply_.message, sizeof(timeline_reply_.message)));
   }
+  return Status::Ok();
+}
+
+Status Session::Join(double timeout_s, int32_t* last_rank) {
+  Lock lock(mu_);
+  if (!join_sent_) {
+    auto m = NewMessage<sparsync_join_msg>(SPARSYNC_MSG_JOIN);
+    if (Status s = Send(&m, sizeof(m)); !s.ok()) return s;
+    join_sent_ = true;
+    join_answered_ = false;
+  }
+  if (Status s = WaitUntil(
+          lock, [&] { return join_answered_; }, DeadlineAfter(timeout_s), timeout_s,
+          "every worker to join");
+      !s.ok()) {
+    return s;  // a timeout leaves the JOIN pending: the next call waits on
+  }
+  join_sent_ = false;
+  if (join_reply_.status != SPARSYNC_OK) {
+    return Status(ToStatus(join_reply_.status),
+                  "join: " + BoundedString(join_reply_.message, sizeof(join_reply_.message)));
+  }
+  *last_rank = join_reply_.last_rank;
   return Status::Ok();
 }
 

@@ -77,6 +77,8 @@ class Session {
   Status Unregister(uint32_t id);
   // Starts the daemon's timeline into `path`, or stops it (""); waits for its answer.
   Status Timeline(const std::string& path, double timeout_s);
+  // hvd.join() (sparsync_join): sends JOIN unless one is pending, then waits up to `timeout_s`.
+  Status Join(double timeout_s, int32_t* last_rank);
   // Tells the daemon this worker leaves on purpose (best effort; not after a failure).
   void Goodbye();
 
@@ -119,6 +121,9 @@ class Session {
   std::mutex timeline_mu_;          // one TIMELINE in flight at a time; taken before mu_
   bool timeline_pending_ = false;   // a TIMELINE awaits its reply
   sparsync_timeline_reply timeline_reply_{};
+  bool join_sent_ = false;     // a JOIN awaits its reply
+  bool join_answered_ = false;  // ... and it came: join_reply_
+  sparsync_join_reply join_reply_{};
   TensorRegistry registry_;
   std::shared_ptr<const device::CudaRuntime> cuda_;  // loaded at the first CUDA registration
 };

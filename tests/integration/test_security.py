@@ -286,7 +286,8 @@ def test_a_worker_that_stops_reading_holds_up_nobody(daemon, short_tmp):
         name = b"t%d" % i
         try:
             deaf.send(W.REGISTER.pack(i, C.OP_ALLREDUCE, C.FLOAT32, C.REDUCE_SUM, 1, 0, len(name),
-                                      0, 0, 0.0, *([4] + [0] * 7), name, 0, 0, 0, b"", b""))
+                                      0, 0, 0.0, *([4] + [0] * 7), name, 0, 0, 0, b"", b"",
+                                      *([0] * W.SET_WORDS), 0, 0, 0))
         except (BrokenPipeError, ConnectionResetError):
             break  # the daemon gave up on it (64 descriptors waited for it): what D6 wants
     # The other worker is answered at once: served, or (once the daemon gave up on the deaf

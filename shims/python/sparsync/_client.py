@@ -107,6 +107,7 @@ def _library():
             "sparsync_post_ready_cuda": [c.c_void_p, c.c_uint32, c.c_void_p],
             "sparsync_wait_done_cuda": [c.c_void_p, c.c_uint32, c.c_double, c.c_void_p],
             "sparsync_timeline": [c.c_void_p, c.c_char_p, c.c_double],
+            "sparsync_join": [c.c_void_p, c.c_double, c.POINTER(c.c_int32)],
             "sparsync_last_error": [c.c_void_p],
         }
         for name, args in sig.items():
@@ -329,6 +330,24 @@ class Client:
         """Starts the daemon's timeline into `path` (bytes), or stops it (b"")."""
         self._require_open()
         self._check(self._lib.sparsync_timeline(self._h, path, timeout_s))
+
+    def join(self, timeout_s=None):
+        """hvd.join(): this worker is out of data; returns the rank that joined last once every
+        worker of the job has joined (the daemon takes this worker's part in every collective
+        meanwhile as nothing). Waits in slices so that Ctrl-C is seen within a second; without
+        `timeout_s`, as long as the others train."""
+        self._require_open()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        last = ctypes.c_int32(-1)
+        while True:
+            left = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
+            s = self._lib.sparsync_join(self._h, left, ctypes.byref(last))
+            if s != ERR_TIMEOUT:
+                self._check(s)
+                return last.value
+            if deadline is not None and time.monotonic() >= deadline:
+                raise SparsyncError("timed out after %.0f s waiting for every worker to join"
+                                    % timeout_s, ERR_TIMEOUT)
 
     def close(self):
         if self._h:

@@ -295,45 +295,15 @@ def barrier(process_set=None):
 
 
 def join(device=-1):
-    """This rank is out of data: until every rank has called join(), it takes part in each of the
-    others' DistributedOptimizer steps with zero gradients (the average still divides by
-    size(), as Horovod's does). Returns the rank that called join() last.
-
-    How: every optimizer step carries a join round (one int32 per rank: which optimizer is
-    stepping, 0 from a joined rank); a joined rank posts only that round, learns from it which
-    optimizer the others step, and posts that optimizer's gradients as zeros; when every entry
-    is 0, all have joined. Scope: other collectives that the remaining ranks run meanwhile
-    (explicit allreduce, allgather, broadcast) are not joined: they wait until the daemon's
-    SPARSYNC_TIMEOUT_S fails them with HorovodInternalError. "Last" is by each rank's clock at
-    its join() call (one host: exact; several hosts: as close as their clocks are). `device` is
-    accepted for Horovod's signature."""
-    n, me = _hvd.size(), _hvd.rank()
-    joined_at = torch.zeros(n, dtype=torch.float64)
-    joined_at[me] = time.time()
+    """This rank is out of data: until every rank has called join(), its node's daemon takes its
+    part in every collective the others run (DistributedOptimizer steps, explicit allreduce,
+    allgather, grouped ops, ...) as nothing: zeros in a sum (an average still divides by
+    size(), as Horovod's does), no rows in an allgather; a broadcast from a joined rank fails the
+    job. Returns the rank that called join() last. Call it with nothing in flight (synchronize
+    first). Waits as long as the other ranks train; a failed job raises HorovodInternalError.
+    `device` is accepted for Horovod's signature."""
     with shared.state.lock:
-        shared.state.joined = True
-    try:
-        while True:
-            stepping = set(shared.join_round_wait(shared.join_round_post(None))) - {0}
-            if not stepping:
-                break
-            if len(stepping) > 1:
-                raise SparsyncError("hvd.join: the remaining ranks step different "
-                                    "DistributedOptimizers at once (%s)" % sorted(stepping))
-            index = stepping.pop() - 1
-            opt = shared.state.optimizers[index]() if index < len(shared.state.optimizers) \
-                else None
-            if opt is None:
-                raise SparsyncError("hvd.join: the other ranks step DistributedOptimizer #%d, "
-                                    "which this rank does not have (every rank must make the "
-                                    "same optimizers in the same order)" % index)
-            for p in opt._requires_update:
-                p.grad = None  # posted as zeros
-            opt.synchronize()
-            opt._synchronized = False
-    finally:
-        with shared.state.lock:
-            shared.state.joined = False
-    # Posted once every rank is here, so that an early join never waits past the daemon's timeout.
-    return int(torch.argmax(_hvd.allreduce(joined_at, name="join.last", op=_hvd.Sum)))
+        conn = shared.client()
+    with shared.collective_errors():
+        return conn.join()
 

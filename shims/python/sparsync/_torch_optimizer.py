@@ -26,7 +26,7 @@ With a process set other than the global one (process_set=), the gradients are r
 the set's members alone, exactly and dense: each is registered as an explicit ALLREDUCE with the
 set's members (the daemon's GRADIENT op, which it may compress, spans every rank), under
 "ps<id>/gradient.<parameter name>", in host shared memory (a CUDA gradient is copied to it and
-back); sparsify= other than Dense is refused there, and hvd.join() does not cover it.
+back); sparsify= other than Dense is refused there.
 """
 
 import contextlib
@@ -136,8 +136,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         shared.client()  # fail early when init() was not called
-        # hvd.join() covers the global set's optimizers: a set's are not in its list.
-        self._join_index = shared.add_optimizer(self) if process_set is None else None
         self._track([p for p in all_params if p.requires_grad])
 
     def _track(self, params):
@@ -264,14 +262,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if id(p) not in self._posted and not self._sparse.posted(p):
                 self._post(p)  # no gradient this step (or not enough passes): still take part
         client = shared.client()
-        join_round = None if shared.state.joined or self._join_index is None \
-            else shared.join_round_post(self)
         try:
             for p, slot, ctx in self._posted.values():
                 shared.wait(client, slot.reg, _cuda_stream(slot.reg))
             self._sparse.finish()
-            if join_round is not None:
-                shared.join_round_wait(join_round)
             for p, slot, ctx in self._posted.values():
                 if slot.posted is not None and slot.posted._version != slot.version:
                     raise SparsyncError(
@@ -460,8 +454,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     process_set: an added hvd.ProcessSet of which this rank is a member; only its members make
     and step the optimizer, and the gradients are averaged (or summed) over them alone. Such a
     set's gradients go as exact, dense allreduces (the daemon does not sparsify within a set):
-    sparsify= other than Dense() raises NotImplementedError. hvd.join() covers only optimizers of
-    the global set. The global set (the default) is the path described above.
+    sparsify= other than Dense() raises NotImplementedError. The global set (the default) is the
+    path described above.
     """
     if op == shared.Adasum:
         raise ValueError(

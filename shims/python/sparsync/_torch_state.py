@@ -40,9 +40,6 @@ class State:
         self.in_flight = set()  # (kind, name) of named ops posted and not yet synchronized
         self.handles = {}      # handle -> _Pending of sparsync.torch
         self.next_handle = 0
-        self.optimizers = []   # weak references to DistributedOptimizers, in creation order
-        self.join_regs = {}    # optimizer index -> registration of its join count
-        self.joined = False    # inside hvd.join(): this rank's optimizers post zeros
 
 
 state = State()
@@ -107,41 +104,6 @@ class Deferred:
     def __init__(self, parts, finish):
         self.parts, self.finish = list(parts), finish
         self.done = False
-
-
-def add_optimizer(opt):
-    """Records a DistributedOptimizer for hvd.join(); returns its index (the same on every rank
-    when every rank makes its optimizers in the same order, as named parameters require)."""
-    import weakref
-
-    with state.lock:
-        state.optimizers.append(weakref.ref(opt))
-        return len(state.optimizers) - 1
-
-
-def join_round_post(opt):
-    """Posts this rank's entry of the join round: the index + 1 of the DistributedOptimizer whose
-    synchronize() is running (`opt`), or 0 from a rank inside hvd.join() (`opt` None). Every
-    synchronize() carries one, so a joined rank learns which optimizer's step to take part in
-    (with zeros) and when every rank has joined (all entries 0)."""
-    with state.lock:
-        conn = client()
-        reg = state.join_regs.get("round")
-        if reg is None:
-            reg = conn.register("join.round", W.OP_ALLREDUCE, W.INT32, (state.world["size"],),
-                                W.REDUCE_SUM, 0)
-            state.join_regs["round"] = reg
-        entries = buffer_view(reg, torch.int32)
-        entries.zero_()
-        entries[state.world["rank"]] = 0 if opt is None else opt._join_index + 1
-        conn.post(reg)
-        return reg
-
-
-def join_round_wait(reg):
-    """Waits for a round posted by join_round_post; returns every rank's entry (a list)."""
-    wait(client(), reg)
-    return buffer_view(reg, torch.int32).tolist()
 
 
 def buffer_view(reg, dtype):

@@ -34,6 +34,8 @@ MSG_UNREGISTER = 7
 MSG_GOODBYE = 8
 MSG_TIMELINE = 9
 MSG_TIMELINE_REPLY = 10
+MSG_JOIN = 11
+MSG_JOIN_REPLY = 12
 
 # sparsync_dtype
 FLOAT32 = 0
@@ -174,5 +176,9 @@ TIMELINE = Message("sparsync_timeline_msg", MSG_TIMELINE, [
 TIMELINE_REPLY = Message("sparsync_timeline_reply", MSG_TIMELINE_REPLY, [
     ("status", "i"), ("reserved", "I"), ("message", _ERROR)])
 
+JOIN = Message("sparsync_join_msg", MSG_JOIN, [])
+JOIN_REPLY = Message("sparsync_join_reply", MSG_JOIN_REPLY, [
+    ("status", "i"), ("last_rank", "i"), ("message", _ERROR)])
+
 LAYOUTS = [HEADER, HELLO, HELLO_REPLY, REGISTER, REGISTER_REPLY, READY, DONE, UNREGISTER,
-           GOODBYE, TIMELINE, TIMELINE_REPLY]
+           GOODBYE, TIMELINE, TIMELINE_REPLY, JOIN, JOIN_REPLY]

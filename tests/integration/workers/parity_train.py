@@ -128,6 +128,18 @@ for step in range(r + 1):
     grads_seen.append(model.weight.grad.clone())
     with opt.skip_synchronize():
         opt.step()
+    # Explicit collectives while ranks below `step` have joined (from step 2 on, every worker of
+    # node 0): they add nothing, and no one waits for them.
+    active = list(range(step, n))
+    got = hvd.allreduce(torch.tensor([float(r + 1)]), name="join.sum.%d" % step, op=hvd.Sum)
+    check("join allreduce %d" % step, float(got) == sum(k + 1 for k in active), str(got))
+    got = hvd.allreduce(torch.tensor([float(r + 1)]), name="join.avg.%d" % step)
+    check("join average divides by size %d" % step,
+          abs(float(got) - sum(k + 1 for k in active) / n) < 1e-6, str(got))
+    got = hvd.allgather(torch.full((1, 2), float(r)), name="join.gather.%d" % step)
+    check("join allgather %d" % step, got[:, 0].tolist() == [float(k) for k in active], str(got))
+    got = hvd.broadcast(torch.tensor([float(r)]), root_rank=n - 1, name="join.bcast.%d" % step)
+    check("join broadcast %d" % step, float(got) == n - 1, str(got))
 last = hvd.join()
 check("join returns the last rank", last == n - 1, "got %d" % last)
 # The expected gradient of step s: ranks with more than s steps contribute, divided by n.

@@ -145,6 +145,13 @@ sparsync_status sparsync_wait_done_cuda(sparsync_client* client, uint32_t tensor
  * Waits up to `timeout_s` seconds for the daemon's answer. */
 sparsync_status sparsync_timeline(sparsync_client* client, const char* path, double timeout_s);
 
+/* hvd.join(): this worker is out of data; until every worker of the job has joined, the daemon
+ * takes its part in every collective as nothing. The first call sends JOIN; each call waits up to
+ * `timeout_s` seconds for every worker to join and returns SPARSYNC_ERR_TIMEOUT while they have
+ * not (call again to go on waiting), OK with the rank that joined last in `*last_rank`, or the
+ * job's error. Post nothing and wait for nothing else meanwhile. */
+sparsync_status sparsync_join(sparsync_client* client, double timeout_s, int32_t* last_rank);
+
 /* The message of the last failing call on this handle ("" if none). Valid until the next call. */
 const char* sparsync_last_error(sparsync_client* client);
 

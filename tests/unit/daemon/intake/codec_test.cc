@@ -65,6 +65,12 @@ TEST(CodecTest, DecodesEveryValidMessage) {
   sparsync_goodbye bye{};
   FillHeader(&bye.header, SPARSYNC_MSG_GOODBYE, sizeof(bye));
   ASSERT_TRUE(DecodeStruct(bye).ok());
+
+  sparsync_join_msg join{};
+  FillHeader(&join.header, SPARSYNC_MSG_JOIN, sizeof(join));
+  auto joined = DecodeStruct(join);
+  ASSERT_TRUE(joined.ok());
+  EXPECT_TRUE(std::holds_alternative<sparsync_join_msg>(*joined));
 }
 
 // One malformed message and a phrase the error must contain.
@@ -103,6 +109,9 @@ std::vector<Malformed> Corpus() {
       {"size lies", [] { return RegisterWith([](auto& r) { r.header.size += 4; }); }, "header says"},
       {"reserved", [] { return RegisterWith([](auto& r) { r.header.reserved = 1; }); }, "reserved"},
       {"reply type", [] { return RegisterWith([](auto& r) { r.header.type = SPARSYNC_MSG_DONE; }); },
+       "not one a worker may send"},
+      {"join reply from a worker",
+       [] { return RegisterWith([](auto& r) { r.header.type = SPARSYNC_MSG_JOIN_REPLY; }); },
        "not one a worker may send"},
       {"unknown type", [] { return RegisterWith([](auto& r) { r.header.type = 99; }); },
        "not one a worker may send"},

@@ -394,5 +394,80 @@ TEST(CoordinatorGroupTest, AMalformedGroupFromAnotherNodeIsRefused) {
   EXPECT_FALSE(s.failed());
 }
 
+
+// ---- hvd.join() ----
+
+TensorMeta Explicit(const std::string& name, CollectiveOp op = CollectiveOp::kAllReduce) {
+  TensorMeta m;
+  m.name = name;
+  m.op = op;
+  m.shape = {2};
+  return m;
+}
+
+// A tensor no longer waits for a node whose every rank joined; the entry carries its metadata.
+TEST(CoordinatorJoinTest, AJoinedNodeIsNotWaitedFor) {
+  CoordinatorState s = MakeWithWorkers(2, 2);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s.Report(0, {Explicit("x")}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.Joined(1, 2, t0).ok());
+  EXPECT_TRUE(s.EntriesAfter(0).empty()) << "rank 3 of node 1 has not joined";
+  ASSERT_TRUE(s.Joined(1, 3, t0).ok());
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 1u);
+  ASSERT_NE(entries[0].group[0].meta, nullptr);
+  // A new tensor is scheduled at once from node 0 alone.
+  ASSERT_TRUE(s.Report(0, {Explicit("y")}, {New(0)}, t0).ok());
+  EXPECT_EQ(s.EntriesAfter(0).size(), 2u);
+}
+
+TEST(CoordinatorJoinTest, TheLastJoinEndsTheJoinNamingItsRank) {
+  CoordinatorState s = MakeWithWorkers(2, 1);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s.Joined(1, 1, t0).ok());
+  ASSERT_TRUE(s.Joined(0, 0, t0).ok());
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].join_last_rank, 0);
+  EXPECT_TRUE(entries[0].group.empty());
+  // Both take part again.
+  ASSERT_TRUE(s.Report(0, {Explicit("z")}, {New(0)}, t0).ok());
+  EXPECT_EQ(s.EntriesAfter(0).size(), 1u);
+  ASSERT_TRUE(s.Report(1, {Explicit("z")}, {New(0)}, t0).ok());
+  EXPECT_EQ(s.EntriesAfter(0).size(), 2u);
+}
+
+TEST(CoordinatorJoinTest, AnAllGatherGetsNoRowsFromAJoinedNode) {
+  CoordinatorState s = MakeWithWorkers(2, 1);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s.Joined(0, 0, t0).ok());
+  ReportedReady r = New(0);
+  r.worker_dim0 = {3};
+  ASSERT_TRUE(s.Report(1, {Explicit("g", CollectiveOp::kAllGather)}, {r}, t0).ok());
+  auto entries = s.EntriesAfter(0);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].group[0].worker_dim0, (std::vector<int64_t>{0, 3}));
+}
+
+TEST(CoordinatorJoinTest, ABroadcastFromAJoinedRankFailsTheJob) {
+  CoordinatorState s = MakeWithWorkers(2, 1);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s.Joined(0, 0, t0).ok());
+  TensorMeta b = Explicit("b", CollectiveOp::kBroadcast);
+  b.root_rank = 0;
+  ASSERT_TRUE(s.Report(1, {b}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.failed());
+  EXPECT_NE(s.fatal().message().find("which has called join()"), std::string::npos);
+}
+
+TEST(CoordinatorJoinTest, ARankJoinsOnlyFromItsNodeAndOnce) {
+  CoordinatorState s = MakeWithWorkers(2, 2);
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(s.Joined(0, 2, t0).ok());
+  ASSERT_TRUE(s.Joined(0, 1, t0).ok());
+  EXPECT_FALSE(s.Joined(0, 1, t0).ok());
+  EXPECT_FALSE(s.failed());
+}
+
 }  // namespace
 }  // namespace sparsync::negotiation

@@ -129,6 +129,7 @@ ScheduleEntry RandomEntry(Random& r) {
   }
   e.plan_version = r.U32();
   e.group_index = r.U32();
+  if (r.Below(4) == 0) e.join_last_rank = static_cast<int32_t>(r.Below(100000));
   return e;
 }
 
@@ -151,6 +152,7 @@ void ExpectSameEntry(const ScheduleEntry& a, const ScheduleEntry& b) {
   }
   EXPECT_EQ(a.plan_version, b.plan_version);
   EXPECT_EQ(a.group_index, b.group_index);
+  EXPECT_EQ(a.join_last_rank, b.join_last_rank);
 }
 
 TEST(GrpcConvertTest, EveryTensorMetaFieldSurvivesTheWire) {

@@ -39,8 +39,11 @@ class FakeLink : public CoordinatorLink {
 
   // Answers with the next scripted answer, else with fresh slots as the coordinator would.
   // While held, waits (up to 5 s) before answering.
+  using CoordinatorLink::Report;
   Result<std::vector<uint32_t>> Report(int node, const std::vector<TensorMeta>& new_tensors,
-                                       const std::vector<ReportedReady>& ready) override {
+                                       const std::vector<ReportedReady>& ready,
+                                       const std::vector<int32_t>& joined) override {
+    joined_.insert(joined_.end(), joined.begin(), joined.end());
     std::unique_lock lock(mu_);
     EXPECT_EQ(node, kRank);
     reports_.push_back({new_tensors, ready, std::this_thread::get_id()});
@@ -142,6 +145,7 @@ class FakeLink : public CoordinatorLink {
   bool hold_reports_ = false;
   uint32_t next_slot_ = 1;
   std::vector<ReportCall> reports_;
+  std::vector<int32_t> joined_;  // every rank the agent reported joined, in order
   std::vector<uint64_t> poll_afters_;
   std::vector<std::pair<int, Status>> fails_;
   std::vector<int> leaves_;
