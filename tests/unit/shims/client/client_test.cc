@@ -510,5 +510,34 @@ TEST_F(ClientTest, TimelineRequestsReachTheDaemonAndItsAnswerComesBack) {
   EXPECT_EQ(daemon_.timelines().size(), 3u) << "an invalid path was sent";
 }
 
+// hvd.join(): one JOIN however often the caller waits again after a timeout; the reply's rank,
+// or its error with the daemon's message.
+TEST_F(ClientTest, JoinWaitsAcrossTimeoutsForTheDaemonsAnswer) {
+  Connect();
+  // The intake thread records a JOIN soon after it is sent.
+  auto joins_reach = [&](size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (daemon_.joins() < n && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return daemon_.joins();
+  };
+  int32_t last = -1;
+  EXPECT_EQ(sparsync_join(client_, 0.05, &last), SPARSYNC_ERR_TIMEOUT);
+  ASSERT_EQ(joins_reach(1), 1u);
+  EXPECT_EQ(sparsync_join(client_, 0.05, &last), SPARSYNC_ERR_TIMEOUT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(daemon_.joins(), 1u) << "a second JOIN was sent";
+  daemon_.AnswerJoin(Status::Ok(), 3);
+  EXPECT_EQ(sparsync_join(client_, 5.0, &last), SPARSYNC_OK) << LastError();
+  EXPECT_EQ(last, 3);
+  EXPECT_EQ(sparsync_join(client_, 0.05, &last), SPARSYNC_ERR_TIMEOUT);
+  ASSERT_EQ(joins_reach(2), 2u) << "a new join after an answered one sends JOIN again";
+  daemon_.AnswerJoin(Aborted("node 1 died"), -1);
+  EXPECT_EQ(sparsync_join(client_, 5.0, &last), SPARSYNC_ERR_ABORTED);
+  EXPECT_NE(LastError().find("node 1 died"), std::string::npos) << LastError();
+  EXPECT_EQ(sparsync_join(client_, 1.0, nullptr), SPARSYNC_ERR_INVALID);
+}
+
 }  // namespace
 }  // namespace sparsync::client_test

@@ -143,6 +143,31 @@ std::vector<std::string> ScriptedDaemon::timelines() {
   return timelines_;
 }
 
+Status ScriptedDaemon::OnJoin(const std::shared_ptr<intake::WorkerSession>& session) {
+  std::lock_guard lock(mu_);
+  joined_.push_back(session);
+  return Status::Ok();
+}
+
+size_t ScriptedDaemon::joins() {
+  std::lock_guard lock(mu_);
+  return joined_.size();
+}
+
+void ScriptedDaemon::AnswerJoin(const Status& status, int32_t last_rank) {
+  std::shared_ptr<intake::WorkerSession> session;
+  {
+    std::lock_guard lock(mu_);
+    session = joined_.back();
+  }
+  sparsync_join_reply reply{};
+  intake::FillHeader(&reply.header, SPARSYNC_MSG_JOIN_REPLY, sizeof(reply));
+  reply.status = intake::WireStatus(status);
+  reply.last_rank = last_rank;
+  intake::CopyMessage(reply.message, status.message());
+  EXPECT_TRUE(session->Send(&reply, sizeof(reply)).ok());
+}
+
 void ScriptedDaemon::OnDisconnect(const std::shared_ptr<intake::WorkerSession>& session,
                                   const Status&) {
   std::lock_guard lock(mu_);

@@ -74,6 +74,11 @@ class ScriptedDaemon : public intake::IntakeHandler {
                   const sparsync_timeline_msg& msg, sparsync_timeline_reply* reply) override;
   std::vector<std::string> timelines();
   Status timeline_answer;  // set before the worker asks
+  // Records the JOIN; the test answers it with AnswerJoin.
+  Status OnJoin(const std::shared_ptr<intake::WorkerSession>& session) override;
+  size_t joins();
+  // Sends JOIN_REPLY to the worker that joined last.
+  void AnswerJoin(const Status& status, int32_t last_rank);
 
  private:
   struct Tensor {
@@ -92,6 +97,7 @@ class ScriptedDaemon : public intake::IntakeHandler {
   std::vector<sparsync_register_msg> registrations_;
   std::vector<uint32_t> unregistered_;
   std::vector<std::string> timelines_;
+  std::vector<std::shared_ptr<intake::WorkerSession>> joined_;
 };
 
 }  // namespace sparsync::client_test
