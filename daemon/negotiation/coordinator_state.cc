@@ -123,7 +123,7 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   Pending& p = it->second;
   if (inserted) {
     p.ready.assign(options_.num_nodes, false);
-    p.needed = NeededNodes(meta);
+    SetNeeded(meta, &p);
     p.node_dims.assign(options_.num_nodes, {});
     p.node_ready_ns.assign(options_.num_nodes, 0);
     p.first_report = now;
@@ -137,24 +137,22 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   p.ready[node] = true;
   p.node_dims[node] = std::move(dims);
   p.node_ready_ns[node] = ready_ns;
-  if (Complete(p)) Ready(it, now);
+  if (p.needed[node]) --p.waiting;
+  if (p.waiting == 0) Ready(it, now);
 }
 
-std::vector<bool> CoordinatorState::NeededNodes(const TensorMeta& meta) const {
-  std::vector<bool> needed(options_.num_nodes, false);
-  for (int r = 0; r < static_cast<int>(joined_.size()); ++r) {
-    if (meta.HasMember(r) && !joined_[r]) needed[r / options_.local_size] = true;
+void CoordinatorState::SetNeeded(const TensorMeta& meta, Pending* p) const {
+  // The common case, every rank taking part, costs no walk over the ranks.
+  if (meta.members.empty() && joined_count_ == 0) {
+    p->needed.assign(options_.num_nodes, true);
+  } else {
+    p->needed.assign(options_.num_nodes, false);
+    for (int r = 0; r < static_cast<int>(joined_.size()); ++r) {
+      if (meta.HasMember(r) && !joined_[r]) p->needed[r / options_.local_size] = true;
+    }
   }
-  return needed;
-}
-
-bool CoordinatorState::Complete(const Pending& p) const {
-  bool any = false;
-  for (int n = 0; n < options_.num_nodes; ++n) {
-    if (p.needed[n] && !p.ready[n]) return false;
-    any = any || p.ready[n];
-  }
-  return any;
+  p->waiting = 0;
+  for (int n = 0; n < options_.num_nodes; ++n) p->waiting += p->needed[n] && !p->ready[n];
 }
 
 void CoordinatorState::Ready(std::map<uint32_t, Pending>::iterator it, Clock::time_point now) {
@@ -217,10 +215,7 @@ void CoordinatorState::Ready(std::map<uint32_t, Pending>::iterator it, Clock::ti
   } else {
     // A grouped collective is scheduled as one: held until every tensor of its group is ready.
     auto [held, first] = groups_.try_emplace(meta.group);
-    if (first) {
-      held->second.since = now;
-      held->second.first = meta.name;
-    }
+    if (first) held->second.since = now;
     held->second.ready.push_back(std::move(b));
     if (held->second.ready.size() < meta.group_size) return;
     ready = std::move(held->second.ready);
@@ -256,8 +251,8 @@ Status CoordinatorState::Joined(int node, int rank, Clock::time_point now) {
   // Tensors that waited only for this rank's node go now, without it.
   std::vector<uint32_t> complete;
   for (auto& [slot, p] : pending_) {
-    p.needed = NeededNodes(metas_[slot - 1]);
-    if (Complete(p)) complete.push_back(slot);
+    SetNeeded(metas_[slot - 1], &p);
+    if (p.waiting == 0) complete.push_back(slot);
   }
   for (uint32_t slot : complete) {
     Ready(pending_.find(slot), now);
@@ -386,7 +381,7 @@ std::vector<std::string> CoordinatorState::Tick(Clock::time_point now) {
   for (const auto& [key, held] : groups_) {
     if (now - held.since < options_.timeout) continue;
     const TensorMeta& first = metas_[held.ready.front().tensor.slot - 1];
-    Fail(-1, DeadlineExceeded("tensor '" + held.first + "' is one of a group of " +
+    Fail(-1, DeadlineExceeded("tensor '" + first.name + "' is one of a group of " +
                               std::to_string(first.group_size) + " of which only " +
                               std::to_string(held.ready.size()) + " were posted on every node within " +
                               std::to_string(static_cast<int>(Seconds(options_.timeout))) +

@@ -98,6 +98,7 @@ class CoordinatorState {
   struct Pending {
     std::vector<bool> ready;                      // per node
     std::vector<bool> needed;  // per node: hosts a member of the tensor's set that has not joined
+    int waiting = 0;           // needed nodes that have not reported it
     std::vector<std::vector<int64_t>> node_dims;  // ALLGATHER: per node, per local worker
     std::vector<int64_t> node_ready_ns;           // per node, the node's own clock
     Clock::time_point first_report;
@@ -111,8 +112,9 @@ class CoordinatorState {
 
   void MarkReady(int node, uint32_t slot, std::vector<int64_t> dims, int64_t ready_ns,
                  Clock::time_point now);
-  std::vector<bool> NeededNodes(const TensorMeta& meta) const;
-  bool Complete(const Pending& p) const;  // every needed node reported it
+  // Sets which nodes `p` waits for (those hosting a member that has not joined) and how many of
+  // them have not reported it.
+  void SetNeeded(const TensorMeta& meta, Pending* p) const;
   // A tensor reported by every node it needs: to the merge scheduler or the batch.
   void Ready(std::map<uint32_t, Pending>::iterator it, Clock::time_point now);
   void AppendMergeOutputs();
@@ -131,7 +133,6 @@ class CoordinatorState {
   struct HeldGroup {
     std::vector<Batched> ready;
     Clock::time_point since;  // when its first tensor was ready
-    std::string first;        // that tensor's name, for the timeout's message
   };
   std::unordered_map<uint64_t, HeldGroup> groups_;
   std::vector<bool> joined_;  // by global rank: inside hvd.join()

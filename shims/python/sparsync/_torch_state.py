@@ -44,6 +44,13 @@ class State:
 
 state = State()
 
+def digest(text, size):
+    """`size` bytes of a hash of `text`, the same in every process (group keys, daemon names)."""
+    import hashlib
+
+    return hashlib.blake2b(text.encode(), digest_size=size).digest()
+
+
 _grouping = threading.local()  # .group: (key, size) while a grouped op posts its parts
 
 
@@ -52,9 +59,7 @@ def grouped(name, size):
     """While a grouped collective posts its `size` parts: each registration is one of a group of
     `size` whose key is a hash of `name` (the group's name, the same on every rank), and the
     daemon schedules the group as one. A group of one is no group."""
-    import hashlib
-
-    key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") or 1
+    key = int.from_bytes(digest(name, 8), "little") or 1
     outer = getattr(_grouping, "group", None)
     _grouping.group = (key, size) if size >= 2 else None
     try:

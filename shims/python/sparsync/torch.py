@@ -36,6 +36,7 @@ from sparsync._torch_state import DAEMON_GRACE_S as _DAEMON_GRACE_S
 from sparsync._torch_state import Deferred as _Deferred
 from sparsync._torch_state import collective_errors as _collective_errors
 from sparsync._torch_state import current_group as _current_group
+from sparsync._torch_state import digest as _digest
 from sparsync._torch_state import Adasum, Average, Sum
 from sparsync._torch_state import buffer_view as _buffer_view
 from sparsync._torch_state import client as _client
@@ -221,13 +222,10 @@ def _daemon_name(key, name, spec):
     or root later (Horovod allows it); under one daemon name, a worker re-registering it while
     another worker of its node still held the old spec would be a mismatch that fails the job.
     Every rank calls a name with the same specs in the same order, so all agree on each."""
-    import hashlib
-
     first = _state.first_specs.setdefault(key, spec)
     if spec == first:
         return name
-    digest = hashlib.blake2b(repr(spec).encode(), digest_size=6).hexdigest()
-    longer = "%s#%s" % (name, digest)
+    longer = "%s#%s" % (name, _digest(repr(spec), 6).hex())
     return longer if len(longer.encode()) <= W.MAX_NAME_BYTES else name
 
 

@@ -251,6 +251,12 @@ TensorMeta InSet(const std::string& name, CollectiveOp op, std::vector<int32_t> 
   return m;
 }
 
+// The job failed with a message that holds `phrase`.
+void ExpectFailedWith(const CoordinatorState& s, const std::string& phrase) {
+  ASSERT_TRUE(s.failed());
+  EXPECT_NE(s.fatal().message().find(phrase), std::string::npos) << s.fatal().message();
+}
+
 CoordinatorState MakeWithWorkers(int nodes, int local_size) {
   CoordinatorOptions o;
   o.num_nodes = nodes;
@@ -332,10 +338,7 @@ TEST(CoordinatorProcessSetTest, TimeoutNamesOnlyTheMembersNodes) {
   ASSERT_TRUE(s.Report(0, {InSet("ps1/late", CollectiveOp::kAllReduce, {0, 2})}, {New(0)}, t0).ok());
   for (int n = 1; n < 4; ++n) s.Polled(n, 0, t0 + seconds(21));
   s.Tick(t0 + seconds(21));
-  ASSERT_TRUE(s.failed());
-  EXPECT_NE(s.fatal().message().find("posted on node(s) 0 but not on node(s) 2 within"),
-            std::string::npos)
-      << s.fatal().message();
+  ExpectFailedWith(s, "posted on node(s) 0 but not on node(s) 2 within");
 }
 
 
@@ -377,10 +380,7 @@ TEST(CoordinatorGroupTest, AGroupThatNeverCompletesTimesOutNamingIt) {
   const auto t0 = Clock::now();
   ASSERT_TRUE(s.Report(0, {InGroup("g.0", 5, 3)}, {New(0)}, t0).ok());
   s.Tick(t0 + seconds(21));
-  ASSERT_TRUE(s.failed());
-  EXPECT_NE(s.fatal().message().find("'g.0' is one of a group of 3 of which only 1"),
-            std::string::npos)
-      << s.fatal().message();
+  ExpectFailedWith(s, "'g.0' is one of a group of 3 of which only 1");
 }
 
 TEST(CoordinatorGroupTest, AMalformedGroupFromAnotherNodeIsRefused) {
@@ -456,8 +456,7 @@ TEST(CoordinatorJoinTest, ABroadcastFromAJoinedRankFailsTheJob) {
   TensorMeta b = Explicit("b", CollectiveOp::kBroadcast);
   b.root_rank = 0;
   ASSERT_TRUE(s.Report(1, {b}, {New(0)}, t0).ok());
-  ASSERT_TRUE(s.failed());
-  EXPECT_NE(s.fatal().message().find("which has called join()"), std::string::npos);
+  ExpectFailedWith(s, "which has called join()");
 }
 
 TEST(CoordinatorJoinTest, ARankJoinsOnlyFromItsNodeAndOnce) {
