@@ -42,8 +42,9 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 build-asan/kernels/ker
 echo "== GoogleTest under ThreadSanitizer"
 cmake -S . -B build-tsan -G Ninja -DSPARSYNC_TSAN=ON -DSPARSYNC_BUILD_BENCH=OFF -DSPARSYNC_WERROR=ON
 cmake --build build-tsan --target daemon_test nccl_transport_test device_test
+# tests/tsan.supp: one race inside Debian's Gloo on the failure path, and why it is left there.
 for t in daemon_test nccl_transport_test device_test; do
-  TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/unit/$t --gtest_brief=1
+  TSAN_OPTIONS="halt_on_error=1 suppressions=$repo/tests/tsan.supp" build-tsan/tests/unit/$t --gtest_brief=1
 done
 
 echo "== pytest (multi-process, real daemons)"

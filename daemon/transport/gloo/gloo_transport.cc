@@ -151,10 +151,12 @@ std::string GlooTransport::Describe(const std::string& what, const std::string& 
          "): the daemon of node " + std::to_string(match) + " died or the network failed";
 }
 
-Status GlooTransport::Failed(const std::string& what, const std::exception& e) {
+Status GlooTransport::Failed(const std::string& what, const std::exception& e,
+                            std::shared_ptr<void> in_flight) {
   Status own;
   {
     std::unique_lock lock(mu_);
+    failed_in_flight_.push_back(std::move(in_flight));
     if (aborted_.ok()) {
       const auto grace = NamedPeer(e.what()) >= 0 ? kVerdictGrace : kUnnamedVerdictGrace;
       aborted_cv_.wait_for(lock, grace, [&] { return !aborted_.ok(); });
@@ -175,8 +177,9 @@ Status GlooTransport::Guard(const char* what) {
 Status GlooTransport::AllReduceSum(void* data, size_t count, ElementType type, uint32_t tag) {
   SPARSYNC_RETURN_IF_ERROR(Guard("allreduce"));
   if (count == 0 || size_ == 1) return Status::Ok();
+  auto opts_owner = std::make_shared<gloo::AllreduceOptions>(context_);
+  auto& opts = *opts_owner;
   try {
-    gloo::AllreduceOptions opts(context_);
     opts.setTag(tag);
     opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
     switch (type) {
@@ -200,7 +203,7 @@ Status GlooTransport::AllReduceSum(void* data, size_t count, ElementType type, u
     gloo::allreduce(opts);
     return Status::Ok();
   } catch (const std::exception& e) {
-    return Failed("allreduce", e);
+    return Failed("allreduce", e, std::move(opts_owner));
   }
 }
 
@@ -214,8 +217,9 @@ Status GlooTransport::AllGatherV(const void* send, size_t send_bytes, void* recv
     if (send_bytes) std::memcpy(recv, send, send_bytes);
     return Status::Ok();
   }
+  auto opts_owner = std::make_shared<gloo::AllgathervOptions>(context_);
+  auto& opts = *opts_owner;
   try {
-    gloo::AllgathervOptions opts(context_);
     opts.setTag(tag);
     // Gloo's allgatherv takes a non-const input pointer but only reads it.
     opts.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), send_bytes);
@@ -224,22 +228,23 @@ Status GlooTransport::AllGatherV(const void* send, size_t send_bytes, void* recv
     gloo::allgatherv(opts);
     return Status::Ok();
   } catch (const std::exception& e) {
-    return Failed("allgatherv", e);
+    return Failed("allgatherv", e, std::move(opts_owner));
   }
 }
 
 Status GlooTransport::Broadcast(void* data, size_t bytes, int root, uint32_t tag) {
   SPARSYNC_RETURN_IF_ERROR(Guard("broadcast"));
   if (bytes == 0 || size_ == 1) return Status::Ok();
+  auto opts_owner = std::make_shared<gloo::BroadcastOptions>(context_);
+  auto& opts = *opts_owner;
   try {
-    gloo::BroadcastOptions opts(context_);
     opts.setTag(tag);
     opts.setRoot(root);
     opts.setOutput(static_cast<uint8_t*>(data), bytes);
     gloo::broadcast(opts);
     return Status::Ok();
   } catch (const std::exception& e) {
-    return Failed("broadcast", e);
+    return Failed("broadcast", e, std::move(opts_owner));
   }
 }
 
@@ -265,6 +270,14 @@ Status GlooTransport::SendRecv(int peer, const void* send, size_t send_bytes, vo
     *recv_bytes = send_bytes;
     return Status::Ok();
   }
+  // The four unbound buffers of the exchange, in one owner that Failed can keep.
+  struct Buffers {
+    uint64_t mine[2];
+    uint64_t theirs[2] = {0, 0};
+    std::unique_ptr<gloo::transport::UnboundBuffer> header_out, header_in, in, out;
+  };
+  auto owner = std::make_shared<Buffers>();
+  Buffers& b = *owner;
   try {
     const gloo::Slot slot = gloo::Slot::build(kSendRecvSlotPrefix, tag);
     const uint64_t header_slot = slot;
@@ -275,34 +288,33 @@ Status GlooTransport::SendRecv(int peer, const void* send, size_t send_bytes, vo
     };
     // Header first: both sides learn both sizes and capacities, so a size error is seen by both
     // and no payload is left half-sent.
-    uint64_t mine[2] = {send_bytes, recv_capacity};
-    uint64_t theirs[2] = {0, 0};
-    auto header_out = context_->createUnboundBuffer(mine, sizeof(mine));
-    auto header_in = context_->createUnboundBuffer(theirs, sizeof(theirs));
-    header_in->recv(peer, header_slot);
-    header_out->send(peer, header_slot);
-    wait(header_in->waitRecv(timeout), "receiving the size header");
-    wait(header_out->waitSend(timeout), "sending the size header");
-    if (theirs[0] > recv_capacity || send_bytes > theirs[1]) {
-      return size_error(theirs[0], theirs[1]);
+    b.mine[0] = send_bytes;
+    b.mine[1] = recv_capacity;
+    b.header_out = context_->createUnboundBuffer(b.mine, sizeof(b.mine));
+    b.header_in = context_->createUnboundBuffer(b.theirs, sizeof(b.theirs));
+    b.header_in->recv(peer, header_slot);
+    b.header_out->send(peer, header_slot);
+    wait(b.header_in->waitRecv(timeout), "receiving the size header");
+    wait(b.header_out->waitSend(timeout), "sending the size header");
+    if (b.theirs[0] > recv_capacity || send_bytes > b.theirs[1]) {
+      return size_error(b.theirs[0], b.theirs[1]);
     }
 
-    std::unique_ptr<gloo::transport::UnboundBuffer> in, out;
-    if (theirs[0] > 0) {
-      in = context_->createUnboundBuffer(recv, theirs[0]);
-      in->recv(peer, payload_slot);
+    if (b.theirs[0] > 0) {
+      b.in = context_->createUnboundBuffer(recv, b.theirs[0]);
+      b.in->recv(peer, payload_slot);
     }
     if (send_bytes > 0) {
       // An unbound buffer used only for sending is only read.
-      out = context_->createUnboundBuffer(const_cast<void*>(send), send_bytes);
-      out->send(peer, payload_slot);
+      b.out = context_->createUnboundBuffer(const_cast<void*>(send), send_bytes);
+      b.out->send(peer, payload_slot);
     }
-    if (in) wait(in->waitRecv(timeout), "receiving the payload");
-    if (out) wait(out->waitSend(timeout), "sending the payload");
-    *recv_bytes = theirs[0];
+    if (b.in) wait(b.in->waitRecv(timeout), "receiving the payload");
+    if (b.out) wait(b.out->waitSend(timeout), "sending the payload");
+    *recv_bytes = b.theirs[0];
     return Status::Ok();
   } catch (const std::exception& e) {
-    return Failed("sendrecv with node " + std::to_string(peer), e);
+    return Failed("sendrecv with node " + std::to_string(peer), e, std::move(owner));
   }
 }
 

@@ -50,7 +50,13 @@ class GlooTransport : public Transport {
   Status Guard(const char* what);
   // A collective threw: the job's reason if Abort brings one within the grace period, else
   // Gloo's error naming the node whose connection broke; the transport is aborted either way.
-  Status Failed(const std::string& what, const std::exception& e);
+  // `in_flight` holds the operation's unbound buffers, kept until the transport goes: when a
+  // connection breaks, Gloo's device thread signals the buffers of every pending operation on
+  // that pair, and Gloo 0.0~git20220518 does not stop it from signalling a buffer the failed
+  // collective has already destroyed (a use after free ThreadSanitizer caught). Abort closes the
+  // pairs, which waits for that thread, so the buffers are safe to free with the transport.
+  Status Failed(const std::string& what, const std::exception& e,
+                std::shared_ptr<void> in_flight);
   // The peer whose node an error's "[host]:port" names, or -1 (no host, or one shared by peers).
   int NamedPeer(const std::string& gloo_error) const;
   std::string Describe(const std::string& what, const std::string& gloo_error) const;
@@ -62,6 +68,7 @@ class GlooTransport : public Transport {
   std::mutex mu_;
   std::condition_variable aborted_cv_;
   Status aborted_;  // guarded by mu_
+  std::vector<std::shared_ptr<void>> failed_in_flight_;  // guarded by mu_; see Failed
 };
 
 }  // namespace sparsync::transport
