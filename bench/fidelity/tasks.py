@@ -107,6 +107,24 @@ class FashionMnist(Task):
                     F.cross_entropy(out, y, reduction="sum").item())
 
 
+class FashionMnistSgd(FashionMnist):
+    """The demo's CNN, data and batches under momentum SGD, the optimizer of the OMGS-SGD and
+    DGC experiments: 0.025 per worker (0.1 for 4 workers, linear scaling), momentum 0.9.
+
+    Asked because Adam divides each coordinate's step by the root of its running squared
+    gradient, so a coordinate that error feedback sends once in T steps, carrying T steps of
+    gradient, moves about sqrt(T) steps' worth where dense training moves T, while SGD's step is
+    linear in what is sent. bench/RESULTS.md has what it measured."""
+
+    name = "fmnist-sgd"
+
+    def __init__(self, rank, size, seed, batch_size=64, lr=0.025):
+        super().__init__(rank, size, seed, batch_size, lr)
+
+    def optimizer(self, model):
+        return torch.optim.SGD(model.parameters(), lr=self.lr * self.size, momentum=0.9)
+
+
 class CharLstm(Task):
     """Next-character prediction with a one-layer LSTM (embedding 16, hidden 64)."""
 
@@ -196,7 +214,7 @@ class CharLstm(Task):
         return correct, count, total
 
 
-TASKS = {t.name: t for t in (FashionMnist, CharLstm)}
+TASKS = {t.name: t for t in (FashionMnist, FashionMnistSgd, CharLstm)}
 
 
 def bits_per_unit(summed_loss, count):

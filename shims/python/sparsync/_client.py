@@ -130,7 +130,7 @@ class Registered:
     from the host); for a host tensor `device` is None."""
 
     __slots__ = ("id", "name", "op", "dtype", "shape", "address", "nbytes", "spec", "device",
-                 "buffer", "region")
+                 "buffer", "region", "owner")
 
     def __init__(self, tid, name, op, dtype, shape, address, nbytes, device=None, region=None):
         self.id, self.name, self.op, self.dtype = tid, name, op, dtype
@@ -139,6 +139,8 @@ class Registered:
         self.region = region
         self.spec = None  # free for the caller (the torch shim keeps its cache key here)
         self.buffer = None  # free for the caller (the torch shim keeps a CUDA tensor's buffer)
+        self.owner = None  # free for the caller (the torch shim: a weakref to the tensor living
+                           # in the region)
 
     @property
     def numel(self):

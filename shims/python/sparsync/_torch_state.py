@@ -4,7 +4,9 @@ of shared regions. Both import this module; neither imports the other's private 
 """
 
 import contextlib
+import ctypes
 import threading
+import weakref
 
 import torch
 
@@ -117,6 +119,80 @@ def buffer_view(reg, dtype):
     if raw.numel() == 0:
         return torch.empty(0, dtype=dtype)
     return raw.view(dtype)
+
+
+def _storage_use_count(t):
+    """How many references hold `t`'s storage (one of them this function's own), or None where
+    this torch cannot say. torch 2 has the call; torch 1.x's storage is a c10::StorageImpl whose
+    first field after the vtable pointer is its plain reference count (c10::intrusive_ptr_target),
+    which is read in place."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is not None:
+        return use_count(t.untyped_storage()._cdata)
+    if int(torch.__version__.split(".")[0]) >= 2:
+        return None
+    storage = t.storage()._storage  # the TypedStorage's UntypedStorage: one reference
+    return ctypes.c_size_t.from_address(storage._cdata + ctypes.sizeof(ctypes.c_void_p)).value
+
+
+def lives_in(t, region):
+    """`t` is exactly the flat shared tensor `region`, in shape: its data, dtype and size."""
+    return (t.device.type == "cpu" and t.dtype == region.dtype and t.numel() == region.numel()
+            and t.numel() > 0 and t.is_contiguous() and t.data_ptr() == region.data_ptr())
+
+
+def may_move_into_region(t, region):
+    """Whether `t`'s storage may be replaced by `region` (tensor.set_) without anyone noticing
+    but by its data pointer: a CPU tensor of the region's dtype and size, contiguous, no view,
+    not pinned, not requiring grad, and the only tensor over its storage (no view, .data alias
+    or Parameter shares it, so none would be left on the old memory)."""
+    if (t.device.type != "cpu" or t.dtype != region.dtype or t.numel() != region.numel()
+            or t.numel() == 0 or not t.is_contiguous() or t.requires_grad
+            or t._base is not None or t.is_pinned()):
+        return False
+    users = _storage_use_count(t)
+    return users is not None and users <= 2  # the tensor's and the query's
+
+
+def move_into_region(t, region):
+    """Makes `t` a tensor over `region` (after may_move_into_region)."""
+    with torch.no_grad():
+        t.set_(region.view(t.shape))
+
+
+def give_region(reg, t):
+    """`t` now lives in `reg`'s region: a later op of `reg` must move it out first
+    (release_region)."""
+    reg.owner = weakref.ref(t)
+
+
+def region_owner(reg, region):
+    """The tensor living in `reg`'s region (give_region) while it still does, else None."""
+    owner = reg.owner() if reg.owner is not None else None
+    if owner is None or owner.data_ptr() != region.data_ptr():
+        reg.owner = None
+        return None
+    return owner
+
+
+def release_region(reg, region):
+    """Before `reg`'s region takes another op's data: the tensor that lives there gets memory of
+    its own, by one copy. Where views of it share the region and it cannot move, it stays, and
+    this returns a copy of the region's data to put back after the op (restore_region)."""
+    owner = region_owner(reg, region)
+    if owner is None:
+        return None
+    if may_move_into_region(owner, region):
+        owner.data = region.clone().view(owner.shape)  # .data: autograd's version stays
+        reg.owner = None
+        return None
+    return region.clone()
+
+
+def restore_region(region, kept):
+    """Puts back what release_region kept."""
+    if kept is not None:
+        region.copy_(kept)
 
 
 def wire_dtype(kind, dtype, reduce_op):

@@ -43,6 +43,13 @@ from sparsync._torch_state import client as _client
 from sparsync._torch_state import state as _state
 from sparsync._torch_state import wait as _wait
 from sparsync._torch_state import wire_dtype as _wire_dtype
+from sparsync._torch_state import give_region as _give_region
+from sparsync._torch_state import lives_in as _lives_in
+from sparsync._torch_state import may_move_into_region as _may_move_into_region
+from sparsync._torch_state import move_into_region as _move_into_region
+from sparsync._torch_state import region_owner as _region_owner
+from sparsync._torch_state import release_region as _release_region
+from sparsync._torch_state import restore_region as _restore_region
 from sparsync._world import world_accessors
 
 __all__ = [
@@ -198,11 +205,16 @@ def _auto_name(kind, ps=None):
 
 
 class _Pending:
-    __slots__ = ("kind", "key", "reg", "temporary", "finish")
+    """A posted op: `finish` makes its result after a successful wait; `restore`, called after
+    the wait whatever its outcome, puts back the data of a tensor that lives in the region
+    (sparsync._torch_state.release_region)."""
 
-    def __init__(self, kind, key, reg, temporary, finish):
+    __slots__ = ("kind", "key", "reg", "temporary", "finish", "restore")
+
+    def __init__(self, kind, key, reg, temporary, finish, restore=lambda: None):
         self.kind, self.key, self.reg, self.temporary, self.finish = (
             kind, key, reg, temporary, finish)
+        self.restore = restore
 
 
 def _register(client, name, op, wire, shape, reduce_op, root, members, group):
@@ -246,9 +258,12 @@ def _registration(kind, name, op, wire, shape, reduce_op, root, members=None, gr
     return reg
 
 
-def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0, ps=None):
+def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0, ps=None,
+             in_place=False):
     """Registers (or reuses) and posts `tensor`'s op; `ps` is the resolved process set (None:
-    the global set), whose namespace the name is put in."""
+    the global set), whose namespace the name is put in. `in_place`: the result goes back into
+    `tensor` (finish does that, with _land); a tensor that already lives in the op's region from
+    its last in-place op there is not copied in."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("expected a torch.Tensor, got %s" % type(tensor).__name__)
     with _state.lock:
@@ -274,15 +289,21 @@ def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0, ps=N
                                     % (kind, name))
             with _collective_errors():
                 reg = _registration(kind, name, op, wire, shape, reduce_op, root, members, group)
+        buf = kept = None
         try:
             buf = _buffer_view(reg, sent_dtype)
             flat = src.reshape(-1)
-            if flat.numel():
-                buf.copy_(flat)  # one pass, converting dtype and device on the way
-                if prescale != 1.0:
-                    buf.mul_(prescale)
+            if not (in_place and _region_owner(reg, buf) is tensor and _lives_in(tensor, buf)):
+                if not temporary:
+                    kept = _release_region(reg, buf)
+                # A broadcast's result overwrites every rank's region but the root's.
+                if flat.numel() and not (kind == "broadcast" and root != rank()):
+                    buf.copy_(flat)  # one pass, converting dtype and device on the way
+            if flat.numel() and prescale != 1.0:
+                buf.mul_(prescale)
             client.post(reg)
         except BaseException:
+            _restore_region(buf, kept)
             if temporary:
                 client.unregister(reg)
             raise
@@ -291,8 +312,27 @@ def _enqueue(kind, tensor, name, op, reduce_op, root, finish, prescale=1.0, ps=N
         handle = _state.next_handle
         _state.next_handle += 1
         _state.handles[handle] = _Pending(kind, key, reg, temporary,
-                                          lambda: finish(reg, sent_dtype))
+                                          lambda: finish(reg, sent_dtype),
+                                          lambda: _restore_region(buf, kept))
         return handle
+
+
+def _land(reg, sent_dtype, output):
+    """Puts an in-place op's result, in `reg`'s region, into `output`. No copy where `output`
+    may simply become a tensor over the region (sparsync._torch_state.may_move_into_region) and
+    no other tensor lives there; a named op's region then stays with `output` until the name's
+    next op, which moves it out first unless it is `output` again, in place. Otherwise one
+    copy, converting the dtype."""
+    region = _buffer_view(reg, sent_dtype)
+    owner = _region_owner(reg, region)
+    if owner is output and _lives_in(output, region):
+        return output
+    if owner is None and _may_move_into_region(output, region):
+        _move_into_region(output, region)
+        _give_region(reg, output)
+        return output
+    output.copy_(region.view(output.shape))  # one pass, converting the dtype on the way
+    return output
 
 
 def poll(handle):
@@ -340,6 +380,7 @@ def synchronize(handle):
             return p.finish()
     finally:
         with _state.lock:
+            p.restore()
             if p.key is not None:
                 _state.in_flight.discard(p.key)
             if p.temporary and _state.client is client:
@@ -382,11 +423,13 @@ def _allreduce_async(tensor, output, average, name, op, prescale_factor, postsca
             result = result * postscale_factor
         if output is None:
             return result.to(dtype=dtype, device=device, copy=True)
+        if not (integer and op == Average) and postscale_factor == 1.0:
+            return _land(reg, sent_dtype, output)
         output.copy_(result)
         return output
 
     return _enqueue("allreduce", tensor, name, W.OP_ALLREDUCE, wire_op, 0, finish,
-                    prescale_factor, ps)
+                    prescale_factor, ps, in_place=output is tensor)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -451,10 +494,10 @@ def _broadcast_async(tensor, output, root_rank, name, ps=None):
         result = _buffer_view(reg, sent_dtype).reshape(shape)
         if output is None:
             return result.to(dtype=dtype, device=device, copy=True)
-        output.copy_(result)  # one pass, converting the dtype on the way
-        return output
+        return _land(reg, sent_dtype, output)
 
-    return _enqueue("broadcast", tensor, name, W.OP_BROADCAST, Sum, root, finish, ps=ps)
+    return _enqueue("broadcast", tensor, name, W.OP_BROADCAST, Sum, root, finish, ps=ps,
+                    in_place=output is tensor)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
