@@ -58,7 +58,7 @@ if "$torch2_py" -c "import torch, pytest" 2>/dev/null; then
   "$torch2_py" -m pytest -q tests/integration/test_torch2.py tests/integration/test_parity.py \
     tests/integration/test_ddp_hook.py tests/integration/test_training.py \
     tests/integration/test_collectives.py tests/integration/test_compressors.py \
-    tests/integration/test_zero_copy.py
+    tests/integration/test_zero_copy.py tests/integration/test_in_place.py
 else
   echo "== pytest under torch 2.x: NOT RUN (no $torch2_py: deploy/install_deps.sh makes it unless SPARSYNC_TORCH2=0; see its warning)"
 fi
