@@ -1,7 +1,8 @@
 """The Horovod PyTorch API over sparsyncd: ``import sparsync.torch as hvd``.
 
 Every collective goes through the node's daemon: the tensor is copied into a shared region
-registered with the daemon, READY is posted, and the result is read back after DONE. Explicit
+registered with the daemon, READY is posted, and the result is read back after DONE (an in-place
+op's tensor may instead move onto the region: _land). Explicit
 allreduce/allgather/broadcast are exact; gradients reduced by DistributedOptimizer use the
 GRADIENT op, which the daemon may compress (SPARSYNC_COMPRESSOR).
 """
