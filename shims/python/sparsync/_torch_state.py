@@ -135,10 +135,15 @@ def _storage_use_count(t):
     return ctypes.c_size_t.from_address(storage._cdata + ctypes.sizeof(ctypes.c_void_p)).value
 
 
+def _fits(t, region):
+    """`t` has the layout of the flat shared tensor `region`: CPU, its dtype and size, dense."""
+    return (t.device.type == "cpu" and t.dtype == region.dtype and t.numel() == region.numel()
+            and t.numel() > 0 and t.is_contiguous())
+
+
 def lives_in(t, region):
     """`t` is exactly the flat shared tensor `region`, in shape: its data, dtype and size."""
-    return (t.device.type == "cpu" and t.dtype == region.dtype and t.numel() == region.numel()
-            and t.numel() > 0 and t.is_contiguous() and t.data_ptr() == region.data_ptr())
+    return _fits(t, region) and t.data_ptr() == region.data_ptr()
 
 
 def may_move_into_region(t, region):
@@ -146,9 +151,7 @@ def may_move_into_region(t, region):
     but by its data pointer: a CPU tensor of the region's dtype and size, contiguous, no view,
     not pinned, not requiring grad, and the only tensor over its storage (no view, .data alias
     or Parameter shares it, so none would be left on the old memory)."""
-    if (t.device.type != "cpu" or t.dtype != region.dtype or t.numel() != region.numel()
-            or t.numel() == 0 or not t.is_contiguous() or t.requires_grad
-            or t._base is not None or t.is_pinned()):
+    if not _fits(t, region) or t.requires_grad or t._base is not None or t.is_pinned():
         return False
     users = _storage_use_count(t)
     return users is not None and users <= 2  # the tensor's and the query's

@@ -416,6 +416,9 @@ def _allreduce_async(tensor, output, average, name, op, prescale_factor, postsca
     members = None if ps is None else len(ps.ranks)
 
     def finish(reg, sent_dtype):
+        exact = not (integer and op == Average) and postscale_factor == 1.0
+        if output is not None and exact:
+            return _land(reg, sent_dtype, output)  # the region holds the result as it is
         result = _buffer_view(reg, sent_dtype).reshape(shape)
         if integer and op == Average:
             result = torch.div(result, size() if members is None else members,
@@ -424,8 +427,6 @@ def _allreduce_async(tensor, output, average, name, op, prescale_factor, postsca
             result = result * postscale_factor
         if output is None:
             return result.to(dtype=dtype, device=device, copy=True)
-        if not (integer and op == Average) and postscale_factor == 1.0:
-            return _land(reg, sent_dtype, output)
         output.copy_(result)
         return output
 
