@@ -61,7 +61,7 @@ def main():
     daemon_bin = os.environ.get("SPARSYNC_DAEMON", os.path.join(REPO, "build/daemon/sparsyncd"))
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, SPARSYNC_SOCKET=os.path.join(d, "d.sock"),
-                   SPARSYNC_JOB_TOKEN="mem", SPARSYNC_LOG_LEVEL="warn",
+                   SPARSYNC_JOB_TOKEN="mem", SPARSYNC_LOG_LEVEL=os.environ.get("SPARSYNC_LOG_LEVEL", "warn"),
                    SPARSYNC_COMPRESSOR=args.compressor)
         daemon = subprocess.Popen([daemon_bin], env=env)
         try:

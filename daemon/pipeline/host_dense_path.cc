@@ -60,7 +60,9 @@ class HostDensePath final : public ReducePath {
     const DType dtype = group.members.front().meta.dtype;
     const size_t acc_size = transport::ElementSize(AccumulatorType(dtype));
     f.elements = packed_elements;
-    if (f.buffer.size() < packed_elements * acc_size) f.buffer.resize(packed_elements * acc_size);
+    if (f.buffer.size() < packed_elements * acc_size) {
+      SizeScratch(&f.buffer, packed_elements * acc_size);
+    }
     std::vector<const void*> inputs;
     for (const auto& [i, offset] : f.packed) {
       const GroupMember& m = group.members[i];

@@ -22,7 +22,7 @@ class HostSparsePath final : public ReducePath {
   Status Prepare(Group& group, Scratch& scratch, bool*) override {
     auto& s = static_cast<Selection&>(scratch);
     SPARSYNC_RETURN_IF_ERROR(StageToHost(group));
-    s.prepared.work.resize(group.elements);
+    SizeScratch(&s.prepared.work, group.elements);
     SumMembersInto(group, s.prepared.work.data());
     group.marks.Add("local reduce");
     s.prepared.marks = &group.marks;
@@ -35,7 +35,7 @@ class HostSparsePath final : public ReducePath {
     auto& s = static_cast<Selection&>(scratch);
     std::span<float> sum(s.prepared.work);  // the allgather exchange decodes over its input
     if (!group.reducer->DecodesIntoWork()) {
-      if (s.fusion.size() < group.elements) s.fusion.resize(group.elements);
+      if (s.fusion.size() < group.elements) SizeScratch(&s.fusion, group.elements);
       sum = std::span<float>(s.fusion.data(), group.elements);
     }
     SPARSYNC_RETURN_IF_ERROR(

@@ -1,5 +1,7 @@
 #include "daemon/pipeline/host_sum.h"
 
+#include <malloc.h>
+
 #include <cstring>
 
 #include "daemon/pipeline/dense_math.h"
@@ -28,9 +30,11 @@ Status FlushResidual(const Group& group, size_t i, float* local_sum) {
 void SumMembers(const Group& group, std::vector<char>* fusion) {
   const size_t acc_size =
       transport::ElementSize(AccumulatorType(group.members.front().meta.dtype));
-  if (fusion->size() < group.elements * acc_size) fusion->resize(group.elements * acc_size);
+  if (fusion->size() < group.elements * acc_size) SizeScratch(fusion, group.elements * acc_size);
   SumMembersInto(group, fusion->data());
 }
+
+void ReturnFreedMemory() { malloc_trim(0); }
 
 void SumMembersInto(const Group& group, void* acc) {
   const DType dtype = group.members.front().meta.dtype;

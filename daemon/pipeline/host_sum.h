@@ -15,8 +15,25 @@ Status StageToHost(Group& group);
 // The members' local sums side by side in `acc`, in the accumulator type of the group's dtype
 // (dense_math.h). REQUIRES: `acc` holds group.elements accumulator elements.
 void SumMembersInto(const Group& group, void* acc);
-// SumMembersInto `fusion`, which grows as needed and keeps its capacity.
+// SumMembersInto `fusion`, which grows as needed (SizeScratch) and keeps its capacity.
 void SumMembers(const Group& group, std::vector<char>* fusion);
+
+// malloc_trim(0): the pages of freed heap blocks back to the kernel.
+void ReturnFreedMemory();
+
+// Sizes a group's scratch buffer to `n` elements; what it held before is not kept. A buffer that
+// must grow frees its old block first and hands the freed pages back to the kernel: glibc keeps
+// freed blocks below its (rising) mmap threshold resident, so a slot's buffer growing group by
+// group over the first step would otherwise leave each earlier size in the daemon's resident set
+// (bench/daemon_memory.py). Growth happens a few times per job, so the trim costs nothing later.
+template <typename T>
+void SizeScratch(std::vector<T>* buffer, size_t n) {
+  if (buffer->capacity() < n) {
+    std::vector<T>().swap(*buffer);
+    ReturnFreedMemory();
+  }
+  buffer->resize(n);
+}
 
 // A dense exchange of a compressing job's group carries what its tensors' residuals hold (the
 // gradient that top-k held back and has not sent yet): adds member `i`'s residual into
