@@ -7,12 +7,17 @@
 Starts the daemon in a private directory, reads its resident set size when idle (the fixed
 base), runs one worker that takes `steps` DistributedOptimizer steps, then reads the daemon's
 peak resident set (VmHWM) and compares the growth over the base with the gradients' own bytes.
+The last two columns say what the peak is made of, sampled every 5 ms while the worker runs: the
+daemon's private memory (RssAnon: residuals, scratch) over its idle value, and the shared regions
+it has touched (RssShmem). Those regions are the worker's `.grad` storage itself (gradients are
+born in them), so they are memory the job would hold without the daemon too.
 """
 import argparse
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,6 +30,29 @@ def status_kib(pid, field):
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise KeyError(field)
+
+
+class PeakSampler:
+    """Samples the daemon's private (RssAnon) and shared-memory (RssShmem) resident sets every
+    5 ms: VmHWM is the peak of their sum, these say what it was made of."""
+
+    def __init__(self, pid):
+        self.pid, self.anon, self.shmem = pid, 0, 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.done.wait(0.005):
+            try:
+                self.anon = max(self.anon, status_kib(self.pid, "RssAnon"))
+                self.shmem = max(self.shmem, status_kib(self.pid, "RssShmem"))
+            except (OSError, KeyError):
+                return
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
 
 
 def worker(steps):
@@ -71,18 +99,22 @@ def main():
                 time.sleep(0.05)
             time.sleep(0.2)
             base = status_kib(daemon.pid, "VmRSS")
+            base_anon = status_kib(daemon.pid, "RssAnon")
+            sampler = PeakSampler(daemon.pid)
             out = subprocess.run([sys.executable, __file__, "--worker", "--steps", str(args.steps)],
                                  env=dict(env, SPARSYNC_LOCAL_RANK="0"), check=True,
                                  capture_output=True, text=True).stdout
             peak = status_kib(daemon.pid, "VmHWM")
+            sampler.stop()
         finally:
             daemon.terminate()
             daemon.wait()
     grad = int(out.split("GRAD_BYTES")[1].split()[0])
     growth = peak * 1024 - base * 1024
-    print("| compressor | gradients (MiB) | daemon idle RSS (MiB) | daemon peak RSS (MiB) | peak - idle (MiB) | (peak - idle) / gradients |")
-    print("|---|---:|---:|---:|---:|---:|")
-    print(f"| {args.compressor} | {grad / 2**20:.1f} | {base / 1024:.1f} | {peak / 1024:.1f} | {growth / 2**20:.1f} | {growth / grad:.2f} |")
+    anon_growth = (sampler.anon - base_anon) * 1024
+    print("| compressor | gradients (MiB) | daemon idle RSS (MiB) | daemon peak RSS (MiB) | peak - idle (MiB) | (peak - idle) / gradients | sampled peak: private growth / gradients | sampled peak: shared regions / gradients |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {args.compressor} | {grad / 2**20:.1f} | {base / 1024:.1f} | {peak / 1024:.1f} | {growth / 2**20:.1f} | {growth / grad:.2f} | {anon_growth / grad:.2f} | {sampler.shmem * 1024 / grad:.2f} |")
 
 
 if __name__ == "__main__":
