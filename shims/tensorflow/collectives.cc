@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -25,6 +26,14 @@ std::string ShutDownWhile(const std::string& name) {
 }
 
 }  // namespace
+
+std::string DigestHex(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  char hex[17];
+  snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
 
 bool TensorKey::operator==(const TensorKey& o) const {
   return name == o.name && op == o.op && dtype == o.dtype && reduce_op == o.reduce_op &&
@@ -106,6 +115,7 @@ void Collectives::Enqueue(Request request) {
       }
       entry = std::make_shared<Entry>();
       entry->key = request.tensor;
+      entry->daemon_name = DaemonName(request.tensor);
       entries_[request.tensor.name] = entry;
       must_register = true;
     }
@@ -159,6 +169,18 @@ void Collectives::EndRegionUse() {
   if (--busy_ == 0) idle_cv_.notify_all();
 }
 
+std::string Collectives::DaemonName(const TensorKey& key) {
+  const TensorKey& first = first_keys_.try_emplace(key.name, key).first->second;
+  if (first == key) return key.name;
+  // FNV-1a over the spec's fields, as text so that it does not depend on padding.
+  std::string spec = std::to_string(key.op) + "/" + std::to_string(key.dtype) + "/" +
+                     std::to_string(key.reduce_op) + "/" + std::to_string(key.root_rank) + "/" +
+                     std::to_string(key.compressor) + "/" + std::to_string(key.density) + "/";
+  for (int64_t d : key.shape) spec += std::to_string(d) + ",";
+  std::string longer = key.name + "#" + DigestHex(spec);
+  return longer.size() <= SPARSYNC_MAX_NAME_BYTES ? longer : key.name;
+}
+
 void Collectives::RegisterAndPost(const EntryPtr& entry, bool had_old, uint32_t old_id,
                                   Request request) {
   sparsync_client* client;
@@ -169,7 +191,7 @@ void Collectives::RegisterAndPost(const EntryPtr& entry, bool had_old, uint32_t 
   if (had_old) (void)sparsync_unregister_tensor(client, old_id);  // fails only once broken
   const TensorKey& key = entry->key;
   sparsync_tensor_spec spec{};
-  spec.name = key.name.c_str();
+  spec.name = entry->daemon_name.c_str();
   spec.op = key.op;
   spec.dtype = key.dtype;
   spec.reduce_op = key.reduce_op;
@@ -320,6 +342,7 @@ void Collectives::Close() {
   sparsync_close(client);
   std::lock_guard<std::mutex> lock(mu_);
   entries_.clear();
+  first_keys_.clear();
   client_ = nullptr;
   closing_ = false;
 }

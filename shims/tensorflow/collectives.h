@@ -3,7 +3,10 @@
 // Enqueue answers it through Request::done, exactly once.
 //
 // Each tensor name keeps its registration (a shared region) while its spec is unchanged; a new
-// spec under the same name re-registers it. A request whose tensor is registered is copied into
+// spec under the same name re-registers it. The daemon knows a name by the name itself for the
+// first spec it was registered with and by `name#<digest of the spec>` for any later one
+// (DaemonName): two workers of a node re-register at their own pace, and one name with two specs
+// at once on a node would be refused as a mismatch that fails the job. A request whose tensor is registered is copied into
 // the region and posted on the caller's thread (a datagram to the local daemon; nothing is
 // waited for); one that must first register (the first step, a new shape) is registered, copied
 // and posted on a pool thread, since registering waits for the daemon's reply. The wait for DONE
@@ -46,6 +49,9 @@ struct ConnectSettings {
   std::string timeout_hint = "SPARSYNC_TIMEOUT_S";
   std::string cuda_runtime;  // SPARSYNC_CUDART
 };
+
+// A 64-bit digest of `text` as 16 hex digits (FNV-1a): the same in every process, for names.
+std::string DigestHex(const std::string& text);
 
 // The tensor a sparsyncd's registration describes, as a value that can be compared.
 struct TensorKey {
@@ -97,6 +103,7 @@ class Collectives {
  private:
   struct Entry {
     TensorKey key;
+    std::string daemon_name;  // what the daemon knows it by (DaemonName)
     uint32_t id = 0;
     void* data = nullptr;  // the shared region
     uint64_t bytes = 0;
@@ -105,6 +112,10 @@ class Collectives {
   };
   using EntryPtr = std::shared_ptr<Entry>;
 
+  // The name the daemon knows `key` by: key.name for the first spec registered under it,
+  // key.name + "#" + a digest of the spec for any other (the same on every rank, since every rank
+  // calls a name with the same specs in the same order). REQUIRES: mu_ held.
+  std::string DaemonName(const TensorKey& key);
   // Registers `entry` (unregistering `old_id` first when `had_old`), then posts `request`.
   void RegisterAndPost(const EntryPtr& entry, bool had_old, uint32_t old_id, Request request);
   // A region may be used until EndRegionUse; false once Close has begun.
@@ -131,6 +142,7 @@ class Collectives {
   sparsync_client* client_ = nullptr;
   ConnectSettings settings_;
   std::map<std::string, EntryPtr> entries_;  // by tensor name
+  std::map<std::string, TensorKey> first_keys_;  // by tensor name: its first spec (DaemonName)
   std::unique_ptr<CompletionPool> pool_;
   bool closing_ = false;  // Close has begun: no new request, registrations are undone
   // Threads reading or writing a region outside mu_; Close unregisters (unmaps) only at 0.

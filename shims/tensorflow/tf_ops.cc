@@ -6,7 +6,6 @@
 // and completes the op on one of its own threads, setting the status and calling `done` there.
 // Gradients are registered in Python (sparsync/tensorflow/_ops.py).
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -147,11 +146,7 @@ class SparsyncKernel : public tf::AsyncOpKernel {
     n += "]";
     if (n.size() <= SPARSYNC_MAX_NAME_BYTES) return n;
     // Too long for the wire: its tail and a hash of the whole (FNV-1a, the same everywhere).
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : n) h = (h ^ c) * 1099511628211ull;
-    char hex[17];
-    snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
-    return "tf.~" + std::string(hex) + n.substr(n.size() - (SPARSYNC_MAX_NAME_BYTES - 20));
+    return "tf.~" + DigestHex(n) + n.substr(n.size() - (SPARSYNC_MAX_NAME_BYTES - 20));
   }
 
   const sparsync_op op_;

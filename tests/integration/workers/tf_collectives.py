@@ -112,6 +112,15 @@ out["v1.grad"] = pairs[0][0].numpy()
 v1.apply_gradients(pairs)
 out["v1.var"] = var.numpy()
 
+# One name, other specs in later calls (as Horovod allows): a broadcast from each root in turn and
+# an allreduce whose shape changes, with two workers per node re-registering at their own pace.
+for each_root in range(n):
+    got = hvd.broadcast(tf.fill([2], float(r)), each_root, name="bc.each.root").numpy()
+    assert got.tolist() == [float(each_root)] * 2, (each_root, got)
+for length in (3, 5, 3, 1):
+    got = hvd.allreduce(tf.ones([length]) * r, op=hvd.Sum, name="reshaped").numpy()
+    assert got.tolist() == [float(sum(range(n)))] * length, (length, got)
+
 np.savez(os.path.join(os.environ["OUT_DIR"], "rank%d.npz" % r), **out)
 hvd.shutdown()
 print("worker %d of %d done" % (r, n))

@@ -130,6 +130,18 @@ TEST_F(CollectivesTest, ANewShapeUnderTheSameNameRegistersAgain) {
   ASSERT_EQ(regs.size(), 2u);
   EXPECT_EQ(regs[1].shape[0], 4);
   EXPECT_THAT(daemon_.unregistered(), ::testing::ElementsAre(regs[0].tensor_id));
+  // The first spec keeps the name; the later one is known by a name of its own, so that another
+  // worker of the node still holding the first spec is no mismatch. Back to the first spec, the
+  // first name again.
+  EXPECT_STREQ(regs[0].name, "x");
+  EXPECT_THAT(std::string(regs[1].name), ::testing::MatchesRegex("x#[0-9a-f]{16}"));
+  Floats c({5, 6});
+  collectives_.Enqueue(FloatRequest("x", &c));
+  ASSERT_TRUE(Wait(c).ok());
+  EXPECT_EQ(c.output, (std::vector<float>{50, 60}));
+  regs = daemon_.registrations();
+  ASSERT_EQ(regs.size(), 3u);
+  EXPECT_STREQ(regs[2].name, "x");
 }
 
 TEST_F(CollectivesTest, EnqueueReturnsWhileTheDaemonHasNotAnswered) {
