@@ -6,10 +6,12 @@
 // spec under the same name re-registers it. The daemon knows a name by the name itself for the
 // first spec it was registered with and by `name#<digest of the spec>` for any later one
 // (DaemonName): two workers of a node re-register at their own pace, and one name with two specs
-// at once on a node would be refused as a mismatch that fails the job. A request whose tensor is registered is copied into
-// the region and posted on the caller's thread (a datagram to the local daemon; nothing is
-// waited for); one that must first register (the first step, a new shape) is registered, copied
-// and posted on a pool thread, since registering waits for the daemon's reply. The wait for DONE
+// at once on a node would be refused as a mismatch that fails the job.
+//
+// A request whose tensor is registered is copied into the region and posted on the caller's
+// thread (a datagram to the local daemon; nothing is waited for); one that must first register
+// (the first step, a new shape) is registered, copied and posted on a pool thread, since
+// registering waits for the daemon's reply. The wait for DONE
 // and the copy of the result always run on a pool thread (completion_pool.h).
 //
 // Threading: every method may be called from any thread. Close fails what is in flight (every
