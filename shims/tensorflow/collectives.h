@@ -11,8 +11,8 @@
 // A request whose tensor is registered is copied into the region and posted on the caller's
 // thread (a datagram to the local daemon; nothing is waited for); one that must first register
 // (the first step, a new shape) is registered, copied and posted on a pool thread, since
-// registering waits for the daemon's reply. The wait for DONE
-// and the copy of the result always run on a pool thread (completion_pool.h).
+// registering waits for the daemon's reply. The wait for DONE and the copy of the result always
+// run on a pool thread (completion_pool.h).
 //
 // Threading: every method may be called from any thread. Close fails what is in flight (every
 // `done` is called) before it returns.
