@@ -49,5 +49,7 @@ class JobFailure {
 // daemon gives it, which the coordinator logs as the end it is, not as a failure.
 Status ShutdownReason(int node);
 bool IsShutdownReason(const Status& error, int node);
+// Whether `error` is that reason of any node.
+bool IsShutdownReason(const Status& error);
 
 }  // namespace sparsync

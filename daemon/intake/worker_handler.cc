@@ -250,7 +250,13 @@ void WorkerHandler::OnFailure(const Status& error, JobFailure::Source source) {
   const std::vector<pipeline::WorkerPart> waiting = table_->FailPending();
   if (!waiting.empty()) {
     spdlog::error("failing {} pending collective(s): {}", waiting.size(), error.message());
-  } else if (source != JobFailure::Source::kShutdown) {
+  } else if (source == JobFailure::Source::kShutdown) {
+    // This daemon's own stop: logged where it begins.
+  } else if (IsShutdownReason(error) && connected_workers() == 0) {
+    // How every job ends: the launcher stops the daemons once the workers are gone.
+    spdlog::info("{}: the job is over here (no worker of this node is connected)",
+                 error.message());
+  } else {
     spdlog::warn("job failed: {}", error.message());
   }
   for (const pipeline::WorkerPart& part : waiting) {
