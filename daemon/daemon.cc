@@ -94,11 +94,10 @@ Status Daemon::StartObservers() {
     metrics_ = std::make_unique<observe::Metrics>(config_.node_rank, config_.num_nodes);
     observers_.Add(metrics_.get());
   }
-  // Every failure but this daemon's own shutdown is an incident.
+  // Every failure but this daemon's own shutdown and the job's normal end is an incident.
   failure_.Observe([this](const Status& e, JobFailure::Source s) {
-    if (s != JobFailure::Source::kShutdown) {
-      observers_.OnIncident(observe::Incident::kFailure, e.message());
-    }
+    if (s == JobFailure::Source::kShutdown || (handler_ && handler_->IsJobEnd(e))) return;
+    observers_.OnIncident(observe::Incident::kFailure, e.message());
   });
   return Status::Ok();
 }

@@ -252,8 +252,7 @@ void WorkerHandler::OnFailure(const Status& error, JobFailure::Source source) {
     spdlog::error("failing {} pending collective(s): {}", waiting.size(), error.message());
   } else if (source == JobFailure::Source::kShutdown) {
     // This daemon's own stop: logged where it begins.
-  } else if (IsShutdownReason(error) && connected_workers() == 0) {
-    // How every job ends: the launcher stops the daemons once the workers are gone.
+  } else if (IsJobEnd(error)) {
     spdlog::info("{}: the job is over here (no worker of this node is connected)",
                  error.message());
   } else {

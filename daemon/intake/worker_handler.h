@@ -69,6 +69,12 @@ class WorkerHandler : public IntakeHandler {
   void SetTimelineControl(TimelineFn control) { timeline_ = std::move(control); }
   // Workers that said HELLO and have not left (any thread).
   int connected_workers() const { return connected_.load(std::memory_order_relaxed); }
+  // Whether a failure `error` is how a job ends rather than a failure: another node's daemon
+  // stopping (IsShutdownReason) while no worker of this node is connected, as when the launcher
+  // stops the daemons once the workers are gone.
+  bool IsJobEnd(const Status& error) const {
+    return IsShutdownReason(error) && connected_workers() == 0;
+  }
 
  private:
   // The node's sum of a round with CUDA parts is formed; report it unless it failed meanwhile.
