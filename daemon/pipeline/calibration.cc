@@ -42,7 +42,7 @@ class CalibrationRun {
             .count();
       };
     }
-    start_ = Now();
+    start_ = budget_start_ = Now();
   }
 
   double Now() const { return options_.clock(); }
@@ -61,18 +61,21 @@ class CalibrationRun {
   // Whether to measure another size, as node 0 sees its budget (the same answer on every node,
   // so that every node makes the same calls). At least two sizes, for a line.
   Result<bool> Continue(size_t measured) {
-    double go = measured < 2 || Now() - start_ <= options_.budget_s ? 1.0 : 0.0;
+    double go = measured < 2 || Now() - budget_start_ <= options_.budget_s ? 1.0 : 0.0;
     SPARSYNC_RETURN_IF_ERROR(transport_->Broadcast(&go, sizeof(go), 0, tag_++));
     return go != 0.0;
   }
 
   double elapsed() const { return Now() - start_; }
+  // Starts the budget over: each line gets a budget of its own.
+  void RestartBudget() { budget_start_ = Now(); }
 
  private:
   transport::Transport* const transport_;
   CalibrationOptions options_;
   uint32_t tag_;
   double start_ = 0;
+  double budget_start_ = 0;
 };
 
 std::vector<float> SyntheticGradient(uint64_t count, uint64_t seed, int node_rank) {
@@ -172,6 +175,9 @@ Result<planning::CostModel> CalibrateCostModel(const Config& config, World world
     SPARSYNC_RETURN_IF_ERROR(
         MeasureSparse(config, world, transport, sizes, data, &run, &sparsify, &exchange));
     if (options.dense_too) {
+      // A budget of its own: on a slow network the sparse sizes can spend all of it, and the
+      // smallest dense sizes alone measure latency, not bandwidth.
+      run.RestartBudget();
       const std::vector<uint64_t> dense_sizes = Sizes(options, options.max_dense_elements);
       SPARSYNC_RETURN_IF_ERROR(MeasureDense(transport, dense_sizes, data, &run, &dense_exchange));
     }
@@ -182,6 +188,18 @@ Result<planning::CostModel> CalibrateCostModel(const Config& config, World world
   model.sparsify = planning::LinearCost::Fit(sparsify);
   model.exchange = planning::LinearCost::Fit(exchange);
   model.dense_exchange = planning::LinearCost::Fit(dense_exchange);
+  if (options.dense_too && model.dense_exchange.per_element_s <= 0) {
+    // A dense allreduce that did not grow with its size was timed at sizes too small to see the
+    // network's bandwidth; planned with, it would send every group dense, whatever its size. Not
+    // known, then: groups stay sparse until the executor has measured dense ones.
+    if (world.node_rank == 0 && !dense_exchange.empty()) {
+      spdlog::info("calibration: the dense allreduce took {:.3g} ms at {} elements and did not grow "
+                   "with size; groups are sent sparse until dense costs are measured",
+                   1e3 * dense_exchange.back().second,
+                   static_cast<uint64_t>(dense_exchange.back().first));
+    }
+    model.dense_exchange = {};
+  }
   double coefficients[6] = {model.sparsify.fixed_s,       model.sparsify.per_element_s,
                             model.exchange.fixed_s,       model.exchange.per_element_s,
                             model.dense_exchange.fixed_s, model.dense_exchange.per_element_s};

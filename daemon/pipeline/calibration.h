@@ -35,7 +35,9 @@ struct CalibrationOptions {
   bool dense_too = false;
   int warmup = 2;                                   // untimed repetitions per size
   int reps = 5;                                     // timed repetitions per size (median)
-  // Stop adding sizes once this much time was spent (node 0 decides, after at least two sizes).
+  // Stop adding sizes once this much time was spent (node 0 decides, after at least two sizes);
+  // a compressing job's dense line has a budget of its own after the sparse ones. A dense line
+  // that does not grow with size is dropped (CostModel::knows_dense() false).
   double budget_s = 3.0;
   // Monotonic seconds; empty: std::chrono::steady_clock. Tests inject a fake clock.
   std::function<double()> clock;

@@ -15,11 +15,12 @@ namespace sparsync::pipeline {
 namespace {
 
 // A network whose every call costs alpha + beta * bytes on this node's fake clock (bytes: what
-// the call moves through this node: the buffer of an allreduce, all of an allgatherv's output).
+// the call moves through this node: the buffer of an allreduce, all of an allgatherv's output),
+// counting only the bytes beyond `free_bytes` (a latency-bound start, as on a slow link).
 class SlowNetwork : public transport::Transport {
  public:
-  SlowNetwork(transport::Transport* inner, double alpha, double beta)
-      : inner_(inner), alpha_(alpha), beta_(beta) {}
+  SlowNetwork(transport::Transport* inner, double alpha, double beta, size_t free_bytes = 0)
+      : inner_(inner), alpha_(alpha), beta_(beta), free_bytes_(free_bytes) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   Status AllReduceSum(void* data, size_t count, transport::ElementType type,
@@ -48,9 +49,12 @@ class SlowNetwork : public transport::Transport {
   double now() const { return now_; }
 
  private:
-  void Charge(size_t bytes) { now_ += alpha_ + beta_ * static_cast<double>(bytes); }
+  void Charge(size_t bytes) {
+    now_ += alpha_ + beta_ * static_cast<double>(bytes > free_bytes_ ? bytes - free_bytes_ : 0);
+  }
   transport::Transport* inner_;
   const double alpha_, beta_;
+  const size_t free_bytes_;
   double now_ = 1000.0;  // only this node's thread reads and advances it
 };
 
@@ -60,7 +64,7 @@ struct Outcome {
 
 // Calibrates on `nodes` nodes; with `alpha` >= 0 through SlowNetwork and its fake clock.
 Outcome Calibrate(int nodes, const Config& config, CalibrationOptions options, double alpha = -1,
-                  double beta = 0) {
+                  double beta = 0, size_t free_bytes = 0) {
   auto hub = std::make_shared<transport::LoopbackHub>(nodes, std::chrono::seconds(30));
   Outcome out;
   out.models.assign(nodes, Result<planning::CostModel>(Internal("not run")));
@@ -71,7 +75,7 @@ Outcome Calibrate(int nodes, const Config& config, CalibrationOptions options, d
       transport::Transport* t = &loopback;
       std::unique_ptr<SlowNetwork> slow;
       if (alpha >= 0) {
-        slow = std::make_unique<SlowNetwork>(&loopback, alpha, beta);
+        slow = std::make_unique<SlowNetwork>(&loopback, alpha, beta, free_bytes);
         SlowNetwork* s = slow.get();
         options.clock = [s] { return s->now(); };
         t = s;
@@ -178,6 +182,37 @@ TEST(CalibrationFitTest, BudgetStopsEveryNodeAtTheSameSize) {
   }
   // Two sizes still give the exact line.
   EXPECT_NEAR(out.models[0]->exchange.per_element_s, 4 * beta, 1e-6 * 4 * beta);
+}
+
+// A compressing job on a slow network (issue 15's dilated cluster): the sparse sizes spend the
+// budget, and the two smallest dense sizes, latency-bound, would give a dense line that does not
+// grow, which would send every group dense. The dense line has a budget of its own and reaches
+// the sizes where bandwidth shows.
+TEST(CalibrationFitTest, ACompressingJobsDenseLineHasABudgetOfItsOwn) {
+  CalibrationOptions o = Quick();
+  o.sizes = {1 << 10, 1 << 12, 1 << 14, 1 << 16};
+  o.dense_too = true;
+  o.budget_s = 0.05;  // the sparse sizes take ~30 ms each on this network
+  const double alpha = 1e-3, beta = 8e-9;
+  Outcome out = Calibrate(3, WithCompressor(Compressor::kTopK), o, alpha, beta, 16 << 10);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(out.models[r].ok()) << out.models[r].status().ToString();
+    EXPECT_EQ(*out.models[r], *out.models[0]);
+  }
+  const planning::CostModel& m = *out.models[0];
+  ASSERT_TRUE(m.knows_dense()) << m.ToString();
+  EXPECT_GT(m.dense_exchange.per_element_s, 0.0) << m.ToString();
+  EXPECT_NEAR(m.dense_exchange.per_element_s, 4 * beta, 0.1 * 4 * beta) << m.ToString();
+}
+
+// A dense allreduce that does not grow with size is not a line to plan with.
+TEST(CalibrationFitTest, AFlatDenseLineIsNotKnown) {
+  CalibrationOptions o = Quick();
+  o.dense_too = true;
+  Outcome out = Calibrate(3, WithCompressor(Compressor::kTopK), o, 1e-3, 0.0);
+  ASSERT_TRUE(out.models[0].ok()) << out.models[0].status().ToString();
+  EXPECT_FALSE(out.models[0]->knows_dense()) << out.models[0]->ToString();
+  EXPECT_EQ(*out.models[1], *out.models[0]);
 }
 
 TEST(CalibrationFitTest, SizesAreCapped) {
