@@ -57,7 +57,14 @@ LinearCost CostTracker::Refresh(const LinearCost& base, double Sample::*seconds)
   }
 
   const double smallest = medians.front().first, largest = medians.back().first;
-  if (largest >= 2 * smallest) return LinearCost::Fit(medians);
+  if (largest >= 2 * smallest) {
+    const LinearCost fit = LinearCost::Fit(medians);
+    // The slope is seen only where it at least doubles the largest size's time. Below that
+    // every size is latency-bound (as the small tensors that a compressing job sends dense
+    // are) and the slope is noise: extrapolated to a group a hundred times larger, a flat line
+    // would call a dense allreduce of the whole model as cheap as that of a bias.
+    if (fit.per_element_s * largest >= fit.fixed_s || base == LinearCost{}) return fit;
+  }
 
   std::vector<double> ratios;
   for (const Sample& s : samples_) {

@@ -9,9 +9,12 @@
 //   - samples are grouped by size and each size is represented by its median (a plan repeats the
 //     same group sizes every step, and a median ignores the odd descheduled group), weighted by
 //     how many samples it has;
-//   - two sizes at least a factor of two apart: the α-β line is fitted through the medians;
-//   - otherwise (one group per step, or groups of one size): the calibrated line is scaled by
-//     the median ratio of measured to calibrated time, which keeps its shape;
+//   - two sizes at least a factor of two apart: the α-β line is fitted through the medians,
+//     and kept if its slope at least doubles the largest size's time (else every size seen is
+//     latency-bound, the slope is noise, and the line must not be extrapolated: next rule);
+//   - otherwise (one group per step, groups of one size, latency-bound sizes only): the
+//     calibrated line is scaled by the median ratio of measured to calibrated time, which keeps
+//     its shape;
 //   - fewer than `min_samples` samples: the calibrated line.
 //
 // The model's own error (RelativeError): how far the window's samples lie from the refreshed

@@ -84,6 +84,22 @@ TEST(CostTrackerTest, CloseSizesScaleRatherThanFit) {
   EXPECT_NEAR(m.exchange.per_element_s, 8e-9, 1e-18);
 }
 
+// Latency-bound sizes only (the small tensors that a compressing job sends dense): their fit is
+// flat, and a flat line would price a dense allreduce of 25 M elements like that of a bias. The
+// calibrated line is scaled instead, so a large group keeps its bandwidth term.
+TEST(CostTrackerTest, LatencyBoundSizesScaleRatherThanFit) {
+  CostTracker tracker(64, 4);
+  CostModel base;
+  base.exchange = {10e-3, 1e-6};  // the dilated 1 Gb/s link of 8 nodes: 10 ms + 1 us/element
+  tracker.SetBase(base);
+  for (int step = 0; step < 4; ++step) {
+    for (uint64_t x : {64u, 512u, 4096u}) tracker.Add(x, 0, 20e-3 + (x == 512u ? 1e-3 : 0));
+  }
+  CostModel m = tracker.Current();
+  EXPECT_GT(m.exchange.per_element_s, 0.5e-6) << m.exchange.ToString();
+  EXPECT_GT(m.ExchangeTime(25'000'000), 10.0) << m.exchange.ToString();
+}
+
 // Old samples leave the window: the model follows a job whose costs changed.
 TEST(CostTrackerTest, ForgetsSamplesOutsideTheWindow) {
   CostTracker tracker(8, 4);
