@@ -36,6 +36,7 @@ CONFIGS = {
     "gtopk-0.01": {"SPARSYNC_COMPRESSOR": "gtopk", "SPARSYNC_DENSITY": "0.01"},
     "gaussiank-0.01": {"SPARSYNC_COMPRESSOR": "gaussiank", "SPARSYNC_DENSITY": "0.01"},
     "dgc-0.01": {"SPARSYNC_COMPRESSOR": "dgc", "SPARSYNC_DENSITY": "0.01"},
+    "dgc-0.001": {"SPARSYNC_COMPRESSOR": "dgc", "SPARSYNC_DENSITY": "0.001"},
     "randomk-0.01": {"SPARSYNC_COMPRESSOR": "randomk", "SPARSYNC_DENSITY": "0.01"},
     "wangni-0.01": {"SPARSYNC_COMPRESSOR": "wangni", "SPARSYNC_DENSITY": "0.01"},
     # DGC's density warm-up (0.25, 0.0625, 0.0156, 0.004, a quarter each) over the first epoch

@@ -214,7 +214,19 @@ class CharLstm(Task):
         return correct, count, total
 
 
-TASKS = {t.name: t for t in (FashionMnist, FashionMnistSgd, CharLstm)}
+class FashionMnistSgdLocalMomentum(FashionMnistSgd):
+    """fmnist-sgd with the optimizer's momentum off, for DGC, which keeps momentum 0.9 on each
+    node before its selection (momentum correction, kernels/dgc_state.h): the wrapped optimizer
+    then must not apply it a second time (README). The same learning rate."""
+
+    name = "fmnist-sgd-local-momentum"
+
+    def optimizer(self, model):
+        return torch.optim.SGD(model.parameters(), lr=self.lr * self.size, momentum=0.0)
+
+
+TASKS = {t.name: t for t in (FashionMnist, FashionMnistSgd, FashionMnistSgdLocalMomentum,
+                             CharLstm)}
 
 
 def bits_per_unit(summed_loss, count):
