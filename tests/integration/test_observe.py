@@ -96,8 +96,10 @@ def test_start_timeline_and_stop_timeline_from_the_workers(daemon, short_tmp):
             steps = {e["args"]["step"] for e in trace if e["name"] == "prepare"
                      and e["args"]["op"] == "gradient"}
             # Rounds count from 1 and broadcast_parameters came first: steps 3..5 are rounds
-            # 4..6; a group may finish just after the stop.
-            assert steps and min(steps) >= 4 and max(steps) <= 7, steps
+            # 4..6. The node's first worker to call start_timeline starts it for the node, so
+            # a group of round 3 is prepared after the start when the other worker is still in
+            # it (seen once in CI); a group may finish just after the stop.
+            assert steps and min(steps) >= 3 and max(steps) <= 7, steps
     finally:
         job.stop()
 
