@@ -44,12 +44,13 @@ CONFIGS = {
     # SPARSYNC_DENSITY_WARMUP_STEPS is set from the task's steps per epoch.
     "topk-0.001-warmup1": {"SPARSYNC_COMPRESSOR": "topk", "SPARSYNC_DENSITY": "0.001"},
     "topk-0.001-warmup4": {"SPARSYNC_COMPRESSOR": "topk", "SPARSYNC_DENSITY": "0.001"},
+    "dgc-0.001-warmup1": {"SPARSYNC_COMPRESSOR": "dgc", "SPARSYNC_DENSITY": "0.001"},
 }
 # Settings a task's runs always get (before --env and the configuration's own): the LSTM's
 # tensors are all under the default 64 KiB threshold but one, so every tensor is sparsified, as
 # in the paper.
 TASK_ENV = {"charlstm": {"SPARSYNC_MIN_COMPRESS_BYTES": "0"}}
-WARMUP_EPOCHS = {"topk-0.001-warmup1": 1, "topk-0.001-warmup4": 4}
+WARMUP_EPOCHS = {"topk-0.001-warmup1": 1, "topk-0.001-warmup4": 4, "dgc-0.001-warmup1": 1}
 TARGET_CONFIGS, TARGET_POINTS = ("topk-0.001", "topk-0.001-warmup1", "topk-0.001-warmup4"), 0.5
 
 
