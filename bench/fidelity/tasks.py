@@ -117,12 +117,13 @@ class FashionMnistSgd(FashionMnist):
     linear in what is sent. bench/RESULTS.md has what it measured."""
 
     name = "fmnist-sgd"
+    momentum = 0.9
 
     def __init__(self, rank, size, seed, batch_size=64, lr=0.025):
         super().__init__(rank, size, seed, batch_size, lr)
 
     def optimizer(self, model):
-        return torch.optim.SGD(model.parameters(), lr=self.lr * self.size, momentum=0.9)
+        return torch.optim.SGD(model.parameters(), lr=self.lr * self.size, momentum=self.momentum)
 
 
 class CharLstm(Task):
@@ -220,9 +221,7 @@ class FashionMnistSgdLocalMomentum(FashionMnistSgd):
     then must not apply it a second time (README). The same learning rate."""
 
     name = "fmnist-sgd-local-momentum"
-
-    def optimizer(self, model):
-        return torch.optim.SGD(model.parameters(), lr=self.lr * self.size, momentum=0.0)
+    momentum = 0.0
 
 
 TASKS = {t.name: t for t in (FashionMnist, FashionMnistSgd, FashionMnistSgdLocalMomentum,
