@@ -19,3 +19,12 @@ function(sparsync_target_warnings target)
     target_link_options(${target} PRIVATE -fsanitize=thread)
   endif()
 endfunction()
+
+# sparsync_test_code_options(<target>): a test executable's own files at -O1 with line tables
+# (-g1) in the default build type. Its files are GoogleTest and gmock code, whose code generation
+# at -O2 -g is half of the main tree's compile time; the libraries under test keep -O2 -g, and
+# the sanitizer trees are at -O1 -g1 already (CMakeLists.txt).
+function(sparsync_test_code_options target)
+  target_compile_options(${target} PRIVATE
+    "$<$<AND:$<CONFIG:RelWithDebInfo>,$<COMPILE_LANGUAGE:CXX>>:-O1;-g1>")
+endfunction()
