@@ -163,7 +163,9 @@ void Executor::Prepare(const negotiation::ScheduleEntry& entry, Slot* slot) {
   slot->cost.plan_version = entry.plan_version;
   slot->error = FormGroup(entry, slot);
   if (!slot->error.ok()) return;
-  int64_t begin_ns = prepare_free_ns_;
+  // Stage A's cost starts once the group is ready here, its entry has arrived and stage A is
+  // free (GroupCost in executor.h): the wait for the other nodes is not stage A's work.
+  int64_t begin_ns = std::max(prepare_free_ns_, slot->received_ns);
   for (const GroupMember& m : slot->group.members) begin_ns = std::max(begin_ns, m.ready_ns);
   slot->error = ChoosePath(slot);
   prepare_free_ns_ = NowNs();

@@ -43,9 +43,14 @@ namespace sparsync::pipeline {
 // What one gradient group cost this node, for the planner's live cost model (planning/
 // cost_tracker.h). Both times leave out idle waiting, so they are what the planner's timeline
 // calls t_s and t_c:
-//   sparsify_s  stage A's work on the group, counted from when its last tensor was ready here or
-//               stage A became free, whichever was later, so the wait for the other nodes and
-//               the coordinator is part of it; then the local sum, residual, selection, packing.
+//   sparsify_s  stage A's work on the group: the local sum, residual, selection and packing,
+//               counted from the latest of three moments: its last tensor ready here, its entry
+//               received from the coordinator, stage A free. The wait for the other nodes and
+//               the coordinator is not part of it: the planner's timeline has stage A as a
+//               resource the groups queue for, and a wait that does not occupy it, counted as
+//               if it did, was charged once per group (on the dilated AlexNet run of issue 15 a
+//               0.7-3.4 s wait for the slowest node at the end of a step made the first plan's
+//               line start at 212 ms instead of near 0).
 //   exchange_s  stage B's work: every transport call, the write-back and the DONE messages.
 struct GroupCost {
   uint32_t plan_version = 0;  // 0: not under a merge plan

@@ -19,6 +19,10 @@ double Median(std::vector<double> v) {
 
 void CostTracker::Add(uint64_t elements, double sparsify_s, double exchange_s) {
   if (elements == 0 || window_ == 0) return;
+  // A job whose group sizes never repeat would grow the count without end; forgetting them all
+  // costs each size one more warm-up.
+  if (seen_.size() >= 4 * window_) seen_.clear();
+  if (seen_[elements]++ < warmup_per_size_) return;
   samples_.push_back({static_cast<double>(elements), std::max(0.0, sparsify_s),
                       std::max(0.0, exchange_s)});
   while (samples_.size() > window_) samples_.pop_front();

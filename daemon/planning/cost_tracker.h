@@ -5,6 +5,13 @@
 // the calibration cannot see: the workers and the other daemons competing for the CPU, the copies
 // in and out of shared memory, the write-back, and the wait for the coordinator.
 //
+// A size's first `warmup_per_size` samples are left out: the first groups of a size are when the
+// executor's staging buffers for it grow (each of its slots has its own) and the residuals of
+// its tensors are first written, and page faults then double their time. Measured on the dilated
+// AlexNet run of bench/RESULTS.md (issue 15): a 37.7 M-element group's selection took 2.4-2.7 s
+// in its first two steps and 1.0-1.1 s after; fitted through, they priced every later group at
+// 2.7x its time.
+//
 // How a line is refreshed from the recent samples (the last `window` groups):
 //   - samples are grouped by size and each size is represented by its median (a plan repeats the
 //     same group sizes every step, and a median ignores the odd descheduled group), weighted by
@@ -26,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 
 #include "daemon/planning/cost_model.h"
 
@@ -33,14 +41,15 @@ namespace sparsync::planning {
 
 class CostTracker {
  public:
-  explicit CostTracker(size_t window = 256, size_t min_samples = 4)
-      : window_(window), min_samples_(min_samples) {}
+  explicit CostTracker(size_t window = 256, size_t min_samples = 4, size_t warmup_per_size = 2)
+      : window_(window), min_samples_(min_samples), warmup_per_size_(warmup_per_size) {}
 
   // The calibrated model. Samples already taken are kept.
   void SetBase(const CostModel& base) { base_ = base; }
   const CostModel& base() const { return base_; }
 
-  // One group of `elements` took `sparsify_s` in stage A and `exchange_s` in stage B.
+  // One group of `elements` took `sparsify_s` in stage A and `exchange_s` in stage B (kept once
+  // its size is past its warm-up).
   void Add(uint64_t elements, double sparsify_s, double exchange_s);
   size_t samples() const { return samples_.size(); }
 
@@ -59,8 +68,10 @@ class CostTracker {
 
   const size_t window_;
   const size_t min_samples_;
+  const size_t warmup_per_size_;
   CostModel base_;
   std::deque<Sample> samples_;
+  std::map<uint64_t, size_t> seen_;  // groups of each size so far, warm-up included
 };
 
 }  // namespace sparsync::planning
