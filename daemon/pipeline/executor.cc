@@ -163,14 +163,10 @@ void Executor::Prepare(const negotiation::ScheduleEntry& entry, Slot* slot) {
   slot->cost.plan_version = entry.plan_version;
   slot->error = FormGroup(entry, slot);
   if (!slot->error.ok()) return;
-  // Stage A's cost starts once the group is ready here, its entry has arrived and stage A is
-  // free (GroupCost in executor.h): the wait for the other nodes is not stage A's work.
-  int64_t begin_ns = std::max(prepare_free_ns_, slot->received_ns);
-  for (const GroupMember& m : slot->group.members) begin_ns = std::max(begin_ns, m.ready_ns);
   slot->error = ChoosePath(slot);
-  prepare_free_ns_ = NowNs();
-  slot->prepare_end_ns = prepare_free_ns_;
-  if (begin_ns > 0) slot->cost.sparsify_s = std::max<int64_t>(0, prepare_free_ns_ - begin_ns) * 1e-9;
+  slot->prepare_end_ns = NowNs();
+  // Stage A's work only (GroupCost in executor.h): not the waits before it.
+  slot->cost.sparsify_s = (slot->prepare_end_ns - slot->prepare_begin_ns) * 1e-9;
 }
 
 Status Executor::FormGroup(const negotiation::ScheduleEntry& entry, Slot* slot) {

@@ -44,13 +44,12 @@ namespace sparsync::pipeline {
 // cost_tracker.h). Both times leave out idle waiting, so they are what the planner's timeline
 // calls t_s and t_c:
 //   sparsify_s  stage A's work on the group: the local sum, residual, selection and packing,
-//               counted from the latest of three moments: its last tensor ready here, its entry
-//               received from the coordinator, stage A free. The wait for the other nodes and
-//               the coordinator is not part of it: the planner's timeline has stage A as a
-//               resource the groups queue for, and a wait that does not occupy it, counted as
-//               if it did, was charged once per group (on the dilated AlexNet run of issue 15 a
-//               0.7-3.4 s wait for the slowest node at the end of a step made the first plan's
-//               line start at 212 ms instead of near 0).
+//               from when stage A takes the entry up to the end of its preparation. The waits
+//               before that are not in it (for the other nodes and the coordinator, and for a
+//               free slot while stage B is behind): the planner's timeline has stage A as a
+//               resource the groups queue for, and a wait counted as if it occupied stage A
+//               was charged once per group. On the dilated AlexNet run of issue 15 a 0.5-3.4 s
+//               wait at the end of a step made the first plan's line start at 212 ms.
 //   exchange_s  stage B's work: every transport call, the write-back and the DONE messages.
 struct GroupCost {
   uint32_t plan_version = 0;  // 0: not under a merge plan
@@ -131,7 +130,6 @@ class Executor {
   const ExecutorOptions options_;
   uint32_t tag_ = 0;             // stage B only
   bool prepare_failed_ = false;  // stage A only: an error entry was handed off
-  int64_t prepare_free_ns_ = 0;  // stage A only: when it finished its previous entry
   std::vector<observe::TensorView> observed_;  // stage B only: Notify's members
   std::vector<observe::StepView> observed_steps_;  // stage B only: Notify's sub-steps
 

@@ -29,13 +29,7 @@ TEST(ExecutorTest, ReportsWhatEachGradientGroupCost) {
   // nodes, which is not stage A's work, so it is not in sparsify_s.
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto entries = Schedule({{0, 1}, {2}, {3}}, 1);
-  const int64_t received_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  std::chrono::steady_clock::now().time_since_epoch())
-                                  .count();
-  for (auto& e : entries) {
-    e.plan_version = 7;
-    e.received_ns = received_ns;
-  }
+  for (auto& e : entries) e.plan_version = 7;
   node.feed().Push(entries);
   for (const auto& d : node.ReadDones(std::chrono::seconds(10))) {
     EXPECT_EQ(d.status, SPARSYNC_OK) << d.message;
@@ -50,6 +44,36 @@ TEST(ExecutorTest, ReportsWhatEachGradientGroupCost) {
   EXPECT_GT(costs[0].exchange_s, 0.0);
   EXPECT_EQ(costs[1].elements, 10u);
   EXPECT_FALSE(costs[1].sparse) << "below min_compress_bytes: dense";
+}
+
+// Stage B behind: the third group waits for a slot while the first is still in its exchange
+// (slowed by 100 ms here). That wait is not stage A's work, so no group's sparsify_s has it.
+TEST(ExecutorTest, AGroupsCostLeavesOutTheWaitForAFreeSlot) {
+  const std::vector<TensorSpec> specs = {{"a", 6000}, {"b", 6000}, {"c", 6000}};
+  auto hub = std::make_shared<transport::LoopbackHub>(1);
+  transport::LoopbackTransport loopback(hub, 0);
+  std::mutex mu;
+  std::vector<GroupCost> costs;
+  ExecutorOptions options;
+  options.on_exchange = [](uint64_t seq) {
+    if (seq == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  };
+  options.on_group_cost = [&](const GroupCost& c) {
+    std::lock_guard lock(mu);
+    costs.push_back(c);
+  };
+  Node node(World{0, 1, 1}, specs, &loopback, SparseConfig(), options,
+            [](const Status& st) { ADD_FAILURE() << st.ToString(); });
+  node.executor().Start();
+  node.Post(1);
+  node.feed().Push(Schedule({{0}, {1}, {2}}, 1));
+  for (const auto& d : node.ReadDones(std::chrono::seconds(10))) {
+    EXPECT_EQ(d.status, SPARSYNC_OK) << d.message;
+  }
+  node.executor().Stop();
+  std::lock_guard lock(mu);
+  ASSERT_EQ(costs.size(), 3u);
+  for (const GroupCost& c : costs) EXPECT_LT(c.sparsify_s, 0.05) << c.elements;
 }
 
 // The observer (the timeline, the metrics) hears of every entry on stage B: before its exchange
