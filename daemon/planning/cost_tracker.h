@@ -3,7 +3,8 @@
 // the compressor and the exchange on an idle node, and takes the costs the executor measures on
 // node 0 for every gradient group it reduces (pipeline/executor.h's GroupCost). Those include what
 // the calibration cannot see: the workers and the other daemons competing for the CPU, the copies
-// in and out of shared memory, the write-back, and the wait for the coordinator.
+// in and out of shared memory, the write-back, and, inside the exchange, the wait for the
+// slowest peer. The waits before stage A takes a group are not in them (executor.h).
 //
 // A size's first `warmup_per_size` samples are left out: the first groups of a size are when the
 // executor's staging buffers for it grow (each of its slots has its own) and the residuals of
