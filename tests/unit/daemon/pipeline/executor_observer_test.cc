@@ -9,14 +9,15 @@ namespace {
 
 using namespace executor_testing;  // NOLINT: the helpers are this file's vocabulary
 
-TEST(ExecutorTest, ReportsWhatEachGradientGroupCost) {
-  const std::vector<TensorSpec> specs = {
-      {"a", 6000}, {"b", 2000}, {"scale", 100, SPARSYNC_OP_ALLREDUCE}, {"c", 10}};
+// One round of `entries` on a one-node job, `wait` after its tensors are posted and before the
+// entries arrive: the group costs the executor reported, in order.
+std::vector<GroupCost> GroupCostsOf(const std::vector<TensorSpec>& specs, ExecutorOptions options,
+                                    const std::vector<ScheduleEntry>& entries,
+                                    std::chrono::milliseconds wait = {}) {
   auto hub = std::make_shared<transport::LoopbackHub>(1);
   transport::LoopbackTransport loopback(hub, 0);
   std::mutex mu;
   std::vector<GroupCost> costs;
-  ExecutorOptions options;
   options.on_group_cost = [&](const GroupCost& c) {
     std::lock_guard lock(mu);
     costs.push_back(c);
@@ -25,17 +26,25 @@ TEST(ExecutorTest, ReportsWhatEachGradientGroupCost) {
             [](const Status& st) { ADD_FAILURE() << st.ToString(); });
   node.executor().Start();
   node.Post(1);
-  // 50 ms between the tensors being ready and the entries arriving: the wait for the other
-  // nodes, which is not stage A's work, so it is not in sparsify_s.
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  auto entries = Schedule({{0, 1}, {2}, {3}}, 1);
-  for (auto& e : entries) e.plan_version = 7;
+  std::this_thread::sleep_for(wait);
   node.feed().Push(entries);
   for (const auto& d : node.ReadDones(std::chrono::seconds(10))) {
     EXPECT_EQ(d.status, SPARSYNC_OK) << d.message;
   }
   node.executor().Stop();
   std::lock_guard lock(mu);
+  return costs;
+}
+
+TEST(ExecutorTest, ReportsWhatEachGradientGroupCost) {
+  const std::vector<TensorSpec> specs = {
+      {"a", 6000}, {"b", 2000}, {"scale", 100, SPARSYNC_OP_ALLREDUCE}, {"c", 10}};
+  auto entries = Schedule({{0, 1}, {2}, {3}}, 1);
+  for (auto& e : entries) e.plan_version = 7;
+  // 50 ms between the tensors being ready and the entries arriving: the wait for the other
+  // nodes, which is not stage A's work, so it is not in sparsify_s.
+  const std::vector<GroupCost> costs =
+      GroupCostsOf(specs, ExecutorOptions(), entries, std::chrono::milliseconds(50));
   ASSERT_EQ(costs.size(), 2u);
   EXPECT_EQ(costs[0].elements, 8000u);
   EXPECT_TRUE(costs[0].sparse);
@@ -49,29 +58,12 @@ TEST(ExecutorTest, ReportsWhatEachGradientGroupCost) {
 // Stage B behind: the third group waits for a slot while the first is still in its exchange
 // (slowed by 100 ms here). That wait is not stage A's work, so no group's sparsify_s has it.
 TEST(ExecutorTest, AGroupsCostLeavesOutTheWaitForAFreeSlot) {
-  const std::vector<TensorSpec> specs = {{"a", 6000}, {"b", 6000}, {"c", 6000}};
-  auto hub = std::make_shared<transport::LoopbackHub>(1);
-  transport::LoopbackTransport loopback(hub, 0);
-  std::mutex mu;
-  std::vector<GroupCost> costs;
   ExecutorOptions options;
   options.on_exchange = [](uint64_t seq) {
     if (seq == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   };
-  options.on_group_cost = [&](const GroupCost& c) {
-    std::lock_guard lock(mu);
-    costs.push_back(c);
-  };
-  Node node(World{0, 1, 1}, specs, &loopback, SparseConfig(), options,
-            [](const Status& st) { ADD_FAILURE() << st.ToString(); });
-  node.executor().Start();
-  node.Post(1);
-  node.feed().Push(Schedule({{0}, {1}, {2}}, 1));
-  for (const auto& d : node.ReadDones(std::chrono::seconds(10))) {
-    EXPECT_EQ(d.status, SPARSYNC_OK) << d.message;
-  }
-  node.executor().Stop();
-  std::lock_guard lock(mu);
+  const std::vector<GroupCost> costs = GroupCostsOf(
+      {{"a", 6000}, {"b", 6000}, {"c", 6000}}, options, Schedule({{0}, {1}, {2}}, 1));
   ASSERT_EQ(costs.size(), 3u);
   for (const GroupCost& c : costs) EXPECT_LT(c.sparsify_s, 0.05) << c.elements;
 }
