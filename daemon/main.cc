@@ -11,6 +11,7 @@
 #include "daemon/common/config.h"
 #include "daemon/common/job_token.h"
 #include "daemon/common/logging.h"
+#include "daemon/common/thread_name.h"
 #include "daemon/daemon.h"
 
 namespace {
@@ -30,6 +31,7 @@ class StopSignals {
   }
   explicit StopSignals(sparsync::Daemon* daemon) : daemon_(daemon) {
     thread_ = std::thread([this] {
+      sparsync::NameThisThread("ssd-signals");
       sigset_t set = Set();
       int sig = 0;
       sigwait(&set, &sig);

@@ -212,6 +212,8 @@ class Harness:
                       SPARSYNC_COORDINATOR=coordinator, SPARSYNC_JOB_TOKEN=token,
                       SPARSYNC_LOG_LEVEL=a.log_level)
         common.update(mode_env(mode, a, self.dilation))
+        if a.timeline:
+            common["SPARSYNC_TIMELINE"] = str(run_dir / "timeline-{node}.json")
         for i in range(nodes):
             env = dict(common, SPARSYNC_NODE_RANK=str(i), SPARSYNC_LISTEN=net.address(i),
                        SPARSYNC_SOCKET=str(sockets[i]))

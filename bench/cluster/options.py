@@ -84,6 +84,9 @@ def parse_args(argv, description=""):
     p.add_argument("--prefix", default=netns.DEFAULT_PREFIX,
                    help="name prefix of namespaces and links (default spsc)")
     p.add_argument("--log-level", default="info", help="SPARSYNC_LOG_LEVEL (default info)")
+    p.add_argument("--timeline", action="store_true",
+                   help="each daemon writes its timeline (SPARSYNC_TIMELINE) to "
+                        "RUN_DIR/timeline-<node>.json")
     p.add_argument("--sparsync-timeout-s", type=int, default=120,
                    help="modelled time-out of daemons and workers, Gloo's of the peers "
                         "(default 120; x D)")

@@ -1,4 +1,5 @@
 #include "daemon/device/staging_thread.h"
+#include "daemon/common/thread_name.h"
 
 namespace sparsync::device {
 
@@ -19,6 +20,7 @@ void StagingThread::Post(std::function<void()> job) {
     jobs_.push_back(std::move(job));
     if (!thread_.joinable()) {
       thread_ = std::thread([this] {
+        NameThisThread("ssd-staging");
         std::unique_lock lock(mu_);
         while (true) {
           wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });

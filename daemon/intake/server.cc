@@ -16,6 +16,7 @@
 
 #include "daemon/common/job_token.h"
 #include "daemon/common/private_files.h"
+#include "daemon/common/thread_name.h"
 #include "daemon/intake/done.h"
 
 namespace sparsync::intake {
@@ -124,6 +125,7 @@ Status IntakeServer::Start() {
   ev.data.fd = wake_fd_;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
   thread_ = std::thread([this] {
+    NameThisThread("ssd-intake");
     while (!stopping_) RunOnce(std::chrono::milliseconds(1000));
   });
   spdlog::info("accepting workers on {}", socket_path_);

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/common/job_token.h"
+#include "daemon/common/thread_name.h"
 
 namespace sparsync::negotiation {
 
@@ -17,6 +18,7 @@ CoordinatorCore::~CoordinatorCore() { Stop(); }
 
 void CoordinatorCore::Start() {
   timer_ = std::thread([this] {
+    NameThisThread("ssd-coord-timer");
     std::unique_lock lock(mu_);
     while (!stopping_) {
       auto next = state_.NextDeadline();

@@ -1,4 +1,5 @@
 #include "daemon/negotiation/node_agent.h"
+#include "daemon/common/thread_name.h"
 
 #include <spdlog/spdlog.h>
 
@@ -26,6 +27,7 @@ NodeAgent::~NodeAgent() { Stop(); }
 void NodeAgent::Start() {
   if (direct_) return;
   reporter_ = std::thread([this] {
+    NameThisThread("ssd-report");
     std::unique_lock lock(mu_);
     while (true) {
       cv_.wait(lock, [&] { return stopping_ || !outbox_.empty(); });
@@ -38,7 +40,10 @@ void NodeAgent::Start() {
       lock.lock();
     }
   });
-  poller_ = std::thread([this] { PollLoop(); });
+  poller_ = std::thread([this] {
+    NameThisThread("ssd-poll");
+    PollLoop();
+  });
 }
 
 void NodeAgent::BeginStop() {

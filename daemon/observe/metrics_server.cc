@@ -1,4 +1,5 @@
 #include "daemon/observe/metrics_server.h"
+#include "daemon/common/thread_name.h"
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
@@ -32,6 +33,7 @@ Status MetricsServer::Start(const std::string& address, int port) {
   }
   serving_ = true;
   thread_ = std::thread([this] {
+    NameThisThread("ssd-metrics");
     server_->listen_after_bind();
     std::lock_guard lock(mu_);
     serving_ = false;

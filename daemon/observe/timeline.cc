@@ -1,4 +1,5 @@
 #include "daemon/observe/timeline.h"
+#include "daemon/common/thread_name.h"
 
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
@@ -129,7 +130,10 @@ Status Timeline::Start(const std::string& path_template) {
                     .count();
   }
   active_ = true;
-  writer_ = std::thread([this] { WriterLoop(); });
+  writer_ = std::thread([this] {
+    NameThisThread("ssd-timeline");
+    WriterLoop();
+  });
   spdlog::info("timeline: recording into {}", path);
   return Status::Ok();
 }

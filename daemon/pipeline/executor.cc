@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "daemon/common/thread_name.h"
 #include "daemon/pipeline/dense_math.h"
 
 namespace sparsync::pipeline {
@@ -64,8 +65,14 @@ Executor::Executor(World world, TensorTable* table, transport::Transport* transp
 Executor::~Executor() { Stop(); }
 
 void Executor::Start() {
-  prepare_thread_ = std::thread([this] { PrepareLoop(); });
-  exchange_thread_ = std::thread([this] { ExchangeLoop(); });
+  prepare_thread_ = std::thread([this] {
+    NameThisThread("ssd-prepare");
+    PrepareLoop();
+  });
+  exchange_thread_ = std::thread([this] {
+    NameThisThread("ssd-exchange");
+    ExchangeLoop();
+  });
 }
 
 void Executor::Stop() {

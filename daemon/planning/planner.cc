@@ -54,7 +54,10 @@ class Stepper {
     t.exchange_start = std::max(t.sparsify_end, r.network);
     t.exchange_end =
         t.exchange_start + (dense ? in_.cost.DenseExchangeTime(x) : in_.cost.ExchangeTime(x));
-    out->compute = t.sparsify_end;
+    // The executor holds one prepared group while stage B works (pipeline/executor.h, depth 1):
+    // stage A takes the next group only once B has taken this one. On a GPU that sparsifies on
+    // backward's stream, the stream itself is free once the selection ends.
+    out->compute = in_.sparsify_blocks_backward ? t.sparsify_end : t.exchange_start;
     out->network = t.exchange_end;
     return t;
   }

@@ -57,6 +57,20 @@ TEST(SimulateTest, ExchangesQueueOnOneNetwork) {
   EXPECT_DOUBLE_EQ(t.iteration_s, 4);
 }
 
+// Stage A holds one prepared group while B exchanges the one before, and takes the next group
+// only once B has taken it (the executor's depth-1 pipeline). Everything ready at 0; t_s = 1 per
+// element (1, 1, 4), t_c = 3:
+//   A: g0 [0, 1], g1 [1, 2], then waits for B to take g1 at 4: g2 [4, 8]
+//   B: g0 [1, 4], g1 [4, 7], g2 [8, 11]
+// Without the wait, g2 would be selected over [2, 6] and the iteration end at 10.
+TEST(SimulateTest, StageAWaitsForStageBToTakeThePreparedGroup) {
+  Timeline t = Simulate(Input({0, 0, 0}, {1, 1, 4}, {3.0, 0.0}, {0.0, 1.0}), {0, 1, 2});
+  EXPECT_DOUBLE_EQ(t.sparsify_end[1], 2);
+  EXPECT_DOUBLE_EQ(t.sparsify_end[2], 8);
+  EXPECT_DOUBLE_EQ(t.exchange_start[2], 8);
+  EXPECT_DOUBLE_EQ(t.iteration_s, 11);
+}
+
 // Selection cost 1 per element; a blocking sparsifier delays the next layer's backward.
 //   non-blocking: ready 1, 2; select [1, 2], [2, 3]; exchange (0.5) [2, 2.5], [3, 3.5]
 //   blocking:     backward [0,1], select [1,2], backward [2,3], select [3,4]; exchange ends 4.5
