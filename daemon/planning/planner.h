@@ -16,9 +16,12 @@
 //
 // The timeline. Layer i's gradient is ready at ready[i] = Σ_{j<=i} backward_s[j]. A group is
 // sparsified once all its layers are ready, and exchanged once sparsified; sparsification is one
-// serial resource and the network another, and groups use both in plan order:
-//   s_end[g] = max(ready[last layer of g], s_end[g-1]) + t_s(x_g)      (x_g: elements of g)
-//   c_end[g] = max(s_end[g], c_end[g-1]) + t_c(x_g)
+// serial resource and the network another, and groups use both in plan order. The executor
+// prepares at most one group ahead of the exchange, so stage A starts group g once stage B has
+// taken group g-1:
+//   s_end[g]   = max(ready[last layer of g], c_start[g-1]) + t_s(x_g)   (x_g: elements of g)
+//   c_start[g] = max(s_end[g], c_end[g-1])
+//   c_end[g]   = c_start[g] + t_c(x_g)
 // The predicted iteration time is c_end of the last group, counted from the start of backward
 // (forward is the same under every plan). With `sparsify_blocks_backward` (a GPU whose kernels
 // sparsify on the stream that runs backward, the paper's setting) sparsifying a group also delays
