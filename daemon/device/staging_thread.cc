@@ -1,4 +1,5 @@
 #include "daemon/device/staging_thread.h"
+
 #include "daemon/common/thread_name.h"
 
 namespace sparsync::device {

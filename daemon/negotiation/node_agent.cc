@@ -1,7 +1,8 @@
 #include "daemon/negotiation/node_agent.h"
-#include "daemon/common/thread_name.h"
 
 #include <spdlog/spdlog.h>
+
+#include "daemon/common/thread_name.h"
 
 namespace sparsync::negotiation {
 namespace {

@@ -1,10 +1,11 @@
 #include "daemon/observe/metrics_server.h"
-#include "daemon/common/thread_name.h"
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+
+#include "daemon/common/thread_name.h"
 
 namespace sparsync::observe {
 

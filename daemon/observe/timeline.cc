@@ -1,5 +1,4 @@
 #include "daemon/observe/timeline.h"
-#include "daemon/common/thread_name.h"
 
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
@@ -7,6 +6,8 @@
 #include <chrono>
 #include <iterator>
 #include <nlohmann/json.hpp>
+
+#include "daemon/common/thread_name.h"
 
 namespace sparsync::observe {
 namespace {

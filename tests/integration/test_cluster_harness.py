@@ -442,7 +442,7 @@ def test_tiny_dilated_run_of_the_harness(daemon, short_tmp):
             "--models", str(_tiny_profile(short_tmp)), "--modes", ",".join(modes),
             "--plan-warmup-steps", "1", "--iters", "3", "--peer-warmup", "2",
             "--prefix", prefix, "--daemon", daemon, "--out", str(out),
-            "--run-dir", str(short_tmp / "run"), "--run-timeout-s", "60"]
+            "--run-dir", str(short_tmp / "run"), "--run-timeout-s", "60", "--timeline"]
     r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stdout
@@ -457,6 +457,16 @@ def test_tiny_dilated_run_of_the_harness(daemon, short_tmp):
         assert run["min_ms"] >= 1e3 * (TINY_BACKWARD_S + 0.002)  # forward + backward, modelled
         assert run["min_ms"] < 1e3  # and nothing like the 5x of the wall clock
     assert doc["runs"][1]["predicted_ms"] is not None
+    # --timeline: every daemon wrote its file, and timeline_steps.py lines the groups up
+    single = Path(doc["runs"][1]["run_dir"])
+    assert sorted(p.name for p in single.glob("timeline-*.json")) == [
+        "timeline-0.json", "timeline-1.json"]
+    steps = subprocess.run([sys.executable, str(CLUSTER / "timeline_steps.py"), str(single),
+                            "--dilation", "5", "--steps", "1"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert steps.returncode == 0, steps.stdout
+    assert "2 node(s)" in steps.stdout and re.search(r"^step \d+$", steps.stdout, re.M)
+    assert re.search(r"^\s+\d+\s+\d+\s+(sparse|dense) \|", steps.stdout, re.M), steps.stdout
     spaces, links = harness.netns.leftovers(prefix)
     assert not spaces and not links
     assert not [n for n in os.listdir("/etc/netns") if n.startswith(prefix)] \
