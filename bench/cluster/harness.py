@@ -30,11 +30,16 @@ Sparse modes also get SPARSYNC_DENSITY (--density), SPARSYNC_DENSITY_WARMUP_STEP
 sparsync mode SPARSYNC_PLAN_WARMUP_STEPS (--plan-warmup-steps), and the dilated timers
 SPARSYNC_CYCLE_MS (--cycle-ms x D), SPARSYNC_TIMEOUT_S and SPARSYNC_STALL_WARN_S (x D).
 Sparsification is the real CPU top-k (the daemon's, torch.topk for hvd_topk) under dilation.
+With --timeline each daemon also writes its timeline into the run's directory;
+timeline_steps.py lines up the groups of the last steps from those files.
 
     .venv/bin/python bench/cluster/harness.py --dry-run --nodes 4 --dilation 10
     .venv/bin/python bench/cluster/harness.py --measure-bandwidth --bandwidth-only --nodes 4
     .venv/bin/python bench/cluster/harness.py --models resnet50_pipedream --nodes 8 \\
         --dilation 10 --modes dense,single,omgs,hvd_dense --iters 5 --out results.json
+    .venv/bin/python bench/cluster/harness.py --models alexnet_pipedream --nodes 8 \\
+        --dilation 20 --modes optimal --iters 5 --timeline --run-dir RUN --out results.json
+    .venv/bin/python bench/cluster/timeline_steps.py RUN/alexnet_pipedream-P8-optimal --dilation 20
     .venv/bin/python bench/cluster/harness.py --cleanup
     .venv/bin/python bench/cluster/report.py results.json --md table.md --png chart.png
 """
