@@ -99,6 +99,23 @@ def test_daemon_that_dies_at_start_is_reported(launcher):
     launcher.assert_nothing_left()
 
 
+def test_an_interrupt_while_a_child_starts_is_raised_once_it_is_recorded():
+    """The launchers start and record each process inside GATE.holding(): a Ctrl-C there used
+    to leave the process just started running, unrecorded (_signal_gate.py)."""
+    from sparsync._signal_gate import SignalGate
+
+    gate, recorded = SignalGate(), []
+    with pytest.raises(KeyboardInterrupt):
+        with gate.holding():
+            gate.interrupt(KeyboardInterrupt())  # what the handler does mid-start
+            recorded.append("child")
+    assert recorded == ["child"]
+    with pytest.raises(KeyboardInterrupt):  # outside a held block: at once
+        gate.interrupt(KeyboardInterrupt())
+    with gate.holding():  # nothing pending is left over from before
+        pass
+
+
 def test_ctrl_c_leaves_nothing_behind(launcher):
     code = "import time\nprint('ready', flush=True)\ntime.sleep(600)\n"
     p = launcher.popen(["-np", "2", "--nodes", "1", "python", "-c", code])
@@ -112,6 +129,25 @@ def test_ctrl_c_leaves_nothing_behind(launcher):
     out, _ = p.communicate(timeout=30)
     assert p.returncode != 0
     assert "SIGINT" in out
+    launcher.assert_nothing_left()
+
+
+def test_ctrl_c_also_stops_what_a_worker_left_that_ignores_sigterm(launcher):
+    """A worker's helper that ignores SIGTERM outlives the worker; the launcher's SIGKILL of the
+    worker's process group must still reach it once the worker has ended."""
+    code = ("import subprocess, time\n"
+            "subprocess.Popen(['sh', '-c', 'trap \"\" TERM; sleep 600'])\n"
+            "time.sleep(0.5)\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    p = launcher.popen(["-np", "1", "python", "-c", code])
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if "ready" in line:
+            break
+    assert any("ready" in line for line in seen), "".join(seen)
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=30)
+    assert p.returncode != 0
     launcher.assert_nothing_left()
 
 

@@ -23,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 
+from sparsync._signal_gate import GATE
+
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 _STDERR_TAIL = 5  # ssh's last lines, quoted when a connection ends
 # How long a node runner may take to stop its host's processes (it gives them 5 s after SIGTERM).
@@ -314,11 +316,12 @@ class MultiHostLauncher:
         for i, (host, first, count) in enumerate(self.placed):
             remote = self._remote_argv()
             argv = remote if host in _LOCAL_HOSTS else ssh_command(host, args, remote)
-            try:
-                conn = _Connection(i, host, argv, self.nonce, self.events, self.out_lock)
-            except OSError as e:
-                raise self._Failure("cannot run %s: %s" % (argv[0], e), 127)
-            self.connections.append(conn)
+            with GATE.holding():  # started means recorded (_signal_gate.py)
+                try:
+                    conn = _Connection(i, host, argv, self.nonce, self.events, self.out_lock)
+                except OSError as e:
+                    raise self._Failure("cannot run %s: %s" % (argv[0], e), 127)
+                self.connections.append(conn)
             conn.send({
                 "nonce": self.nonce, "node_rank": i, "num_nodes": len(self.placed),
                 "local_size": count, "first_rank": first, "size": size,

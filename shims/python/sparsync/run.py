@@ -19,6 +19,7 @@ import time
 
 from sparsync import _hosts
 from sparsync._paths import find_daemon
+from sparsync._signal_gate import GATE
 
 _GRACE_S = 5.0
 
@@ -102,8 +103,10 @@ class _Child:
         rc = self.proc.wait()
         events.put((self, rc))
 
-    def signal(self, sig):
-        if self.proc.returncode is not None:
+    def signal(self, sig, after_exit=False):
+        """Signals the child's process group; with after_exit also once the child itself has
+        ended, for what it started and left behind."""
+        if self.proc.returncode is not None and not after_exit:
             return
         try:
             os.killpg(self.proc.pid, sig)  # the child and anything it started
@@ -198,12 +201,13 @@ class Launcher:
                 "SPARSYNC_SOCKET": self._socket(i), "SPARSYNC_LOCAL_SIZE": str(local_size),
                 "SPARSYNC_JOB_TOKEN": token,
             })
-            try:
-                self.daemons.append(_Child("d%d" % i, "daemon", i, [self.daemon], env,
-                                           self.out_lock, self.events))
-            except OSError as e:
-                raise _Failure("cannot start the daemon %s: %s" % (self.daemon, e))
-            self._tell_reaper("pgid %d" % self.daemons[-1].proc.pid)
+            with GATE.holding():  # started means recorded: an interrupt waits for both
+                try:
+                    self.daemons.append(_Child("d%d" % i, "daemon", i, [self.daemon], env,
+                                               self.out_lock, self.events))
+                except OSError as e:
+                    raise _Failure("cannot start the daemon %s: %s" % (self.daemon, e))
+                self._tell_reaper("pgid %d" % self.daemons[-1].proc.pid)
 
     def _socket(self, node):
         return os.path.join(self.tmpdir, "node%d.sock" % node)
@@ -234,12 +238,14 @@ class Launcher:
                 "SPARSYNC_SIZE": str(self.np), "PYTHONUNBUFFERED": "1",
                 "PATH": bindir + os.pathsep + env.get("PATH", ""),
             })
-            try:
-                self.workers.append(_Child(str(r), "worker", r, self.command, env,
-                                           self.out_lock, self.events))
-            except OSError as e:
-                raise _Failure("cannot start the command %r: %s" % (self.command[0], e), 127)
-            self._tell_reaper("pgid %d" % self.workers[-1].proc.pid)
+            with GATE.holding():
+                try:
+                    self.workers.append(_Child(str(r), "worker", r, self.command, env,
+                                               self.out_lock, self.events))
+                except OSError as e:
+                    raise _Failure("cannot start the command %r: %s" % (self.command[0], e),
+                                   127)
+                self._tell_reaper("pgid %d" % self.workers[-1].proc.pid)
 
     def _supervise(self):
         finished = 0
@@ -273,7 +279,7 @@ class Launcher:
                 c.signal(signal.SIGKILL)
                 c.proc.wait()
             else:
-                c.signal(signal.SIGKILL)  # leftovers in its process group
+                c.signal(signal.SIGKILL, after_exit=True)  # leftovers in its process group
 
 
 def _exit_code(rc):
@@ -331,7 +337,7 @@ def main(argv=None):
         if interrupted:
             return  # already stopping; a second Ctrl-C must not cut the clean-up short
         interrupted.append(signum)
-        raise _Interrupted("received %s" % signal.Signals(signum).name, int(signum))
+        GATE.interrupt(_Interrupted("received %s" % signal.Signals(signum).name, int(signum)))
 
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, on_signal)
