@@ -116,15 +116,23 @@ def test_an_interrupt_while_a_child_starts_is_raised_once_it_is_recorded():
         pass
 
 
-def test_ctrl_c_leaves_nothing_behind(launcher):
-    code = "import time\nprint('ready', flush=True)\ntime.sleep(600)\n"
-    p = launcher.popen(["-np", "2", "--nodes", "1", "python", "-c", code])
+_SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(600)\n"
+
+
+def _start_and_wait_ready(launcher, args=("-np", "2", "--nodes", "1", "python", "-c", _SLEEPER)):
+    """Starts sparsyncrun with `args` and reads its output up to a worker's 'ready'."""
+    p = launcher.popen(list(args))
     seen = []
     for line in p.stdout:
         seen.append(line)
         if "ready" in line:
             break
     assert any("ready" in line for line in seen), "".join(seen)
+    return p
+
+
+def test_ctrl_c_leaves_nothing_behind(launcher):
+    p = _start_and_wait_ready(launcher)
     p.send_signal(signal.SIGINT)
     out, _ = p.communicate(timeout=30)
     assert p.returncode != 0
@@ -138,29 +146,11 @@ def test_ctrl_c_also_stops_what_a_worker_left_that_ignores_sigterm(launcher):
     code = ("import subprocess, time\n"
             "subprocess.Popen(['sh', '-c', 'trap \"\" TERM; sleep 600'])\n"
             "time.sleep(0.5)\nprint('ready', flush=True)\ntime.sleep(600)\n")
-    p = launcher.popen(["-np", "1", "python", "-c", code])
-    seen = []
-    for line in p.stdout:
-        seen.append(line)
-        if "ready" in line:
-            break
-    assert any("ready" in line for line in seen), "".join(seen)
+    p = _start_and_wait_ready(launcher, ("-np", "1", "python", "-c", code))
     p.send_signal(signal.SIGINT)
     p.communicate(timeout=30)
     assert p.returncode != 0
     launcher.assert_nothing_left()
-
-
-def _start_and_wait_ready(launcher):
-    code = "import time\nprint('ready', flush=True)\ntime.sleep(600)\n"
-    p = launcher.popen(["-np", "2", "--nodes", "1", "python", "-c", code])
-    seen = []
-    for line in p.stdout:
-        seen.append(line)
-        if "ready" in line:
-            break
-    assert any("ready" in line for line in seen), "".join(seen)
-    return p
 
 
 # Issue 16, D12: the exit status after a stop signal is 128 + its number, as shells report it.

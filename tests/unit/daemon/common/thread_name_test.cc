@@ -15,26 +15,25 @@ std::string NameOfThisThread() {
   return name;
 }
 
-TEST(ThreadNameTest, NamesTheCallingThreadOnly) {
-  const std::string before = NameOfThisThread();
+// The name a new thread has after NameThisThread(name).
+std::string NamedInANewThread(const std::string& name) {
   std::string inside;
   std::thread t([&] {
-    NameThisThread("ssd-test");
+    NameThisThread(name);
     inside = NameOfThisThread();
   });
   t.join();
-  EXPECT_EQ(inside, "ssd-test");
+  return inside;
+}
+
+TEST(ThreadNameTest, NamesTheCallingThreadOnly) {
+  const std::string before = NameOfThisThread();
+  EXPECT_EQ(NamedInANewThread("ssd-test"), "ssd-test");
   EXPECT_EQ(NameOfThisThread(), before);
 }
 
 TEST(ThreadNameTest, CutsANameToTheKernelsFifteenCharacters) {
-  std::string inside;
-  std::thread t([&] {
-    NameThisThread("ssd-a-name-longer-than-fifteen");
-    inside = NameOfThisThread();
-  });
-  t.join();
-  EXPECT_EQ(inside, "ssd-a-name-long");
+  EXPECT_EQ(NamedInANewThread("ssd-a-name-longer-than-fifteen"), "ssd-a-name-long");
 }
 
 }  // namespace
