@@ -15,6 +15,12 @@ int64_t SelectedCount(int64_t numel, double density, int64_t fixed_k) {
   return static_cast<int64_t>(k);
 }
 
+Status Sparsifier::SparsifyPieces(std::span<const std::span<const float>>, SparseView*,
+                                  const SparsifyContext&) {
+  return FailedPreconditionError(std::string(name()) +
+                                 " selects over one buffer only, not over pieces");
+}
+
 Status ValidateSparsifyArgs(const DenseView& grad, const SparseView* out, int64_t max_selected) {
   if (out == nullptr) return InvalidArgumentError("Sparsify: output view is null");
   if (grad.numel < 0) {

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -110,6 +111,14 @@ class Sparsifier {
   // REQUIRES: out->capacity >= MaxSelected(grad.numel); Prepare() covered grad.
   virtual Status Sparsify(const DenseView& grad, SparseView* out,
                           const SparsifyContext& context) = 0;
+
+  // Whether SparsifyPieces() is implemented (top-k; the others need the gradient in one buffer).
+  virtual bool SparsifiesPieces() const { return false; }
+  // Sparsify() of float32 pieces laid end to end (kernels/pieces.h) without joining them: the
+  // same output as over the joined buffer, indices into the whole. REQUIRES: SparsifiesPieces();
+  // out->capacity >= MaxSelected(the whole); Prepare() covered the whole.
+  virtual Status SparsifyPieces(std::span<const std::span<const float>> pieces, SparseView* out,
+                                const SparsifyContext& context);
 };
 
 // Creates a sparsifier by name. Accepted names: "topk", "randomk", "threshold", "gaussiank",

@@ -20,6 +20,8 @@ class CpuSparsifier : public Sparsifier {
   std::string_view name() const override { return name_; }
   Status Prepare(int64_t max_numel, DType dtype) final;
   Status Sparsify(const DenseView& grad, SparseView* out, const SparsifyContext& context) final;
+  Status SparsifyPieces(std::span<const std::span<const float>> pieces, SparseView* out,
+                        const SparsifyContext& context) final;
 
  protected:
   // Allocates whatever Run() needs for tensors of up to max_numel elements.
@@ -27,6 +29,9 @@ class CpuSparsifier : public Sparsifier {
   // x holds n finite-or-not float32 values; out has room for MaxSelected(n); out->k is 0.
   virtual Status Run(const float* x, int64_t n, SparseView* out,
                      const SparsifyContext& context) = 0;
+  // Run() over pieces laid end to end, for an algorithm whose SparsifiesPieces() is true.
+  virtual Status RunPieces(std::span<const std::span<const float>> pieces, SparseView* out,
+                           const SparsifyContext& context);
 
   const SparsifierOptions& options() const { return options_; }
 
@@ -35,6 +40,8 @@ class CpuSparsifier : public Sparsifier {
   SparsifierOptions options_;
   int64_t prepared_numel_ = -1;
   std::vector<float> converted_;  // for non-float32 input
+
+  Status CheckPrepared(int64_t numel) const;
 };
 
 }  // namespace sparsync::kernels::cpu

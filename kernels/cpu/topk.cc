@@ -5,6 +5,7 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_sparsifier.h"
 #include "kernels/cpu/topk_select.h"
+#include "kernels/pieces.h"
 
 namespace sparsync::kernels::cpu {
 namespace {
@@ -15,6 +16,7 @@ class TopK final : public CpuSparsifier {
   int64_t MaxSelected(int64_t numel) const override {
     return SelectedCount(numel, options().density, options().k);
   }
+  bool SparsifiesPieces() const override { return true; }
 
  protected:
   void PrepareScratch(int64_t max_numel) override {
@@ -23,6 +25,13 @@ class TopK final : public CpuSparsifier {
   Status Run(const float* x, int64_t n, SparseView* out, const SparsifyContext&) override {
     const int64_t k = MaxSelected(n);
     SPARSYNC_KERNELS_RETURN_IF_ERROR(selector_.Select(x, n, k, out->indices, out->values));
+    out->k = k;
+    return Status::Ok();
+  }
+  Status RunPieces(std::span<const std::span<const float>> pieces, SparseView* out,
+                   const SparsifyContext&) override {
+    const int64_t k = MaxSelected(TotalElements(pieces));
+    SPARSYNC_KERNELS_RETURN_IF_ERROR(selector_.SelectPieces(pieces, k, out->indices, out->values));
     out->k = k;
     return Status::Ok();
   }

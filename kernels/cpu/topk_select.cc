@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "kernels/cpu/scan.h"
+#include "kernels/pieces.h"
 #include "kernels/random.h"
 #include "kernels/sparsifier.h"
 
@@ -22,6 +23,23 @@ inline int32_t KeyIndex(uint64_t key) {
   return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key));
 }
 
+using Pieces = std::span<const std::span<const float>>;
+
+// The whole's index of the first non-finite element, or -1.
+int64_t FirstNonFinite(Pieces pieces) {
+  int64_t base = 0;
+  for (const std::span<const float>& p : pieces) {
+    const int64_t bad = FindNonFinite(p.data(), static_cast<int64_t>(p.size()));
+    if (bad >= 0) return base + bad;
+    base += static_cast<int64_t>(p.size());
+  }
+  return -1;
+}
+
+Status NonFiniteIn(Pieces pieces, int64_t bad) {
+  return NonFiniteError(bad, PieceWalker<const float>(pieces)[bad]);
+}
+
 }  // namespace
 
 // Keys of all elements with AbsBits >= t, in index order, stored while they fit in `capacity`;
@@ -32,12 +50,12 @@ inline int32_t KeyIndex(uint64_t key) {
 // only the vector compare inside AtLeastMask64; keys are built (and the max updated) for the few
 // hits alone, walking the set bits of each 64-element mask.
 int64_t CollectTopKCandidates(const float* x, int64_t n, uint32_t t, uint64_t* keys,
-                              int64_t capacity, uint32_t* max_bits) {
+                              int64_t capacity, uint32_t* max_bits, int64_t base) {
   int64_t count = 0;
   uint32_t m = 0;
   auto take = [&](int64_t at) {  // REQUIRES: AbsBits(x[at]) >= t
     const uint32_t a = AbsBits(x[at]);
-    if (count < capacity) keys[count] = Key(a, at);
+    if (count < capacity) keys[count] = Key(a, base + at);
     ++count;
     m = a > m ? a : m;
   };
@@ -71,13 +89,24 @@ void TopKSelector::Reserve(int64_t max_numel, int64_t max_k) {
 
 Status TopKSelector::Select(const float* x, int64_t n, int64_t k, int32_t* out_indices,
                             float* out_values) {
+  const std::span<const float> whole(x, static_cast<size_t>(n));
+  return SelectPieces({&whole, 1}, k, out_indices, out_values);
+}
+
+Status TopKSelector::SelectPieces(Pieces pieces, int64_t k, int32_t* out_indices,
+                                  float* out_values) {
+  const int64_t n = TotalElements(pieces);
   k = std::min(k, n);
   if (n == 0) return Status::Ok();
   if (k == n) {  // everything, but still refuse non-finite input
-    if (const int64_t bad = FindNonFinite(x, n); bad >= 0) return NonFiniteError(bad, x[bad]);
-    for (int64_t i = 0; i < n; ++i) {
-      out_indices[i] = static_cast<int32_t>(i);
-      out_values[i] = x[i];
+    if (const int64_t bad = FirstNonFinite(pieces); bad >= 0) return NonFiniteIn(pieces, bad);
+    int64_t i = 0;
+    for (const std::span<const float>& p : pieces) {
+      for (const float v : p) {
+        out_indices[i] = static_cast<int32_t>(i);
+        out_values[i] = v;
+        ++i;
+      }
     }
     return Status::Ok();
   }
@@ -88,6 +117,7 @@ Status TopKSelector::Select(const float* x, int64_t n, int64_t k, int32_t* out_i
   uint32_t t = 0;
   if (n > capacity && !force_fallback_) {
     const int64_t s = std::min({kSampleSize, n, static_cast<int64_t>(sample_.size())});
+    PieceWalker<const float> x(pieces);
     for (int64_t j = 0; j < s; ++j) {  // one uniform draw inside each of s equal strata
       const int64_t lo = j * n / s, hi = (j + 1) * n / s;
       const auto pos = lo + static_cast<int64_t>(RandomBelow(
@@ -108,18 +138,24 @@ Status TopKSelector::Select(const float* x, int64_t n, int64_t k, int32_t* out_i
 
   uint32_t max_bits = 0;
   int64_t count = 0;
-  if (!force_fallback_) {
-    count = CollectTopKCandidates(x, n, t, candidates_.data(), capacity, &max_bits);
-  } else {
-    max_bits = MaxAbsBits(x, n);
+  int64_t base = 0;
+  for (const std::span<const float>& p : pieces) {
+    const auto m = static_cast<int64_t>(p.size());
+    uint32_t piece_max = 0;
+    if (!force_fallback_) {
+      const int64_t stored = std::min(count, capacity);
+      count += CollectTopKCandidates(p.data(), m, t, candidates_.data() + stored,
+                                     capacity - stored, &piece_max, base);
+    } else {
+      piece_max = MaxAbsBits(p.data(), m);
+    }
+    max_bits = std::max(max_bits, piece_max);
+    base += m;
   }
-  if (max_bits >= kInfBits) {
-    const int64_t bad = FindNonFinite(x, n);
-    return NonFiniteError(bad, x[bad]);
-  }
+  if (max_bits >= kInfBits) return NonFiniteIn(pieces, FirstNonFinite(pieces));
   if (force_fallback_ || count < k || count > capacity) {
     ++fallback_count_;
-    SelectByRadix(x, n, k, out_indices, out_values);
+    SelectByRadix(pieces, k, out_indices, out_values);
     return Status::Ok();
   }
   // The k-th largest key, found on a copy so that the candidates stay in index order; then one
@@ -128,6 +164,7 @@ Status TopKSelector::Select(const float* x, int64_t n, int64_t k, int32_t* out_i
   std::nth_element(work_.begin(), work_.begin() + (k - 1), work_.begin() + count,
                    std::greater<uint64_t>());
   const uint64_t kth = work_[static_cast<size_t>(k - 1)];
+  PieceWalker<const float> x(pieces);
   int64_t out = 0;
   for (int64_t j = 0; j < count; ++j) {
     if (candidates_[static_cast<size_t>(j)] >= kth) {
@@ -143,7 +180,7 @@ Status TopKSelector::Select(const float* x, int64_t n, int64_t k, int32_t* out_i
 // Exact selection without a candidate buffer: find T, the k-th largest AbsBits, 11/10/10 bits at
 // a time, counting how many lie strictly above it; then collect, in index order, every element
 // above T and the first (k - above) elements equal to T (the smaller indices win ties).
-void TopKSelector::SelectByRadix(const float* x, int64_t n, int64_t k, int32_t* out_indices,
+void TopKSelector::SelectByRadix(Pieces pieces, int64_t k, int32_t* out_indices,
                                  float* out_values) {
   struct Digit {
     int shift;
@@ -156,9 +193,11 @@ void TopKSelector::SelectByRadix(const float* x, int64_t n, int64_t k, int32_t* 
   for (const Digit& digit : kDigits) {
     const uint32_t bins = 1u << digit.bits;
     std::fill(histogram_.begin(), histogram_.begin() + bins, 0u);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t a = AbsBits(x[i]);
-      if ((a & prefix_mask) == prefix) ++histogram_[(a >> digit.shift) & (bins - 1)];
+    for (const std::span<const float>& p : pieces) {
+      for (const float v : p) {
+        const uint32_t a = AbsBits(v);
+        if ((a & prefix_mask) == prefix) ++histogram_[(a >> digit.shift) & (bins - 1)];
+      }
     }
     uint32_t b = bins;
     int64_t cumulative = above;
@@ -174,12 +213,16 @@ void TopKSelector::SelectByRadix(const float* x, int64_t n, int64_t k, int32_t* 
   const uint32_t threshold = prefix;
   int64_t ties_left = k - above;
   int64_t out = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = AbsBits(x[i]);
-    if (a > threshold || (a == threshold && ties_left-- > 0)) {
-      out_indices[out] = static_cast<int32_t>(i);
-      out_values[out] = x[i];
-      ++out;
+  int64_t i = 0;
+  for (const std::span<const float>& p : pieces) {
+    for (const float v : p) {
+      const uint32_t a = AbsBits(v);
+      if (a > threshold || (a == threshold && ties_left-- > 0)) {
+        out_indices[out] = static_cast<int32_t>(i);
+        out_values[out] = v;
+        ++out;
+      }
+      ++i;
     }
   }
 }

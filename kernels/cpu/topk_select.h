@@ -13,18 +13,21 @@
 // if the sample misjudged (fewer than k candidates, or more than the candidate buffer holds, e.g.
 // many ties) the selector falls back to an exact radix select on the magnitude bits (three
 // histogram passes of 11/10/10 bits) and one collecting pass, which needs no buffer beyond k.
+// The input may be one buffer or several laid end to end (kernels/pieces.h): the same output.
 // Single-threaded; all scratch is allocated by Reserve().
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/status.h"
 
 namespace sparsync::kernels::cpu {
 
-// The fast path's filtering pass; see the definition for its contract.
+// The fast path's filtering pass; see the definition for its contract. Keys carry the index
+// base + i for x[i].
 int64_t CollectTopKCandidates(const float* x, int64_t n, uint32_t t, uint64_t* keys,
-                              int64_t capacity, uint32_t* max_bits);
+                              int64_t capacity, uint32_t* max_bits, int64_t base = 0);
 
 class TopKSelector {
  public:
@@ -35,6 +38,9 @@ class TopKSelector {
   // Returns INVALID_ARGUMENT naming the first NaN/Inf (and writes nothing) if x is not finite.
   // REQUIRES: Reserve covered n and k; 0 <= k; out arrays hold min(k, n) entries.
   Status Select(const float* x, int64_t n, int64_t k, int32_t* out_indices, float* out_values);
+  // Select() of the pieces laid end to end (indices into the whole), without joining them.
+  Status SelectPieces(std::span<const std::span<const float>> pieces, int64_t k,
+                      int32_t* out_indices, float* out_values);
 
   // Test hook: always take the radix-select path.
   void set_force_fallback(bool on) { force_fallback_ = on; }
@@ -43,8 +49,8 @@ class TopKSelector {
 
  private:
   int64_t CandidateCapacity(int64_t n, int64_t k) const;
-  void SelectByRadix(const float* x, int64_t n, int64_t k, int32_t* out_indices,
-                     float* out_values);
+  void SelectByRadix(std::span<const std::span<const float>> pieces, int64_t k,
+                     int32_t* out_indices, float* out_values);
 
   std::vector<uint32_t> sample_;
   std::vector<uint64_t> candidates_;  // keys >= the estimated threshold, in index order

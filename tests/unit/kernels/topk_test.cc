@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "kernels/cpu/topk_select.h"
+#include "kernels/pieces.h"
 #include "kernels/reference/reference.h"
 #include "tests/unit/kernels/test_util.h"
 
@@ -125,6 +126,87 @@ TEST(TopKSelectorTest, FastPathTakenOnOrdinaryData) {
     ASSERT_TRUE(selector.Select(x.data(), 1 << 20, 1000, idx.data(), val.data()).ok());
   }
   EXPECT_EQ(selector.fallback_count(), 0);
+}
+
+// `x` cut at `cuts` (ascending offsets): the pieces of a merge group stored tensor by tensor.
+std::vector<std::span<const float>> Cut(const std::vector<float>& x, std::vector<size_t> cuts) {
+  cuts.push_back(x.size());
+  std::vector<std::span<const float>> pieces;
+  size_t at = 0;
+  for (size_t c : cuts) {
+    pieces.emplace_back(x.data() + at, c - at);
+    at = c;
+  }
+  return pieces;
+}
+
+testing::Selection ApplyPieces(Sparsifier& s, std::span<const std::span<const float>> pieces) {
+  const int64_t n = TotalElements(pieces);
+  testing::Selection result;
+  result.status = s.Prepare(n, DType::kFloat32);
+  const int64_t cap = s.MaxSelected(n);
+  result.indices.assign(static_cast<size_t>(cap), -1);
+  result.values.assign(static_cast<size_t>(cap), 0.0f);
+  SparseView out{result.indices.data(), result.values.data(), cap, -1};
+  if (result.status.ok()) result.status = s.SparsifyPieces(pieces, &out, {});
+  result.indices.resize(static_cast<size_t>(std::max<int64_t>(out.k, 0)));
+  result.values.resize(static_cast<size_t>(std::max<int64_t>(out.k, 0)));
+  return result;
+}
+
+TEST(TopKPiecesTest, PiecesSelectWhatTheJoinedBufferSelects) {
+  for (DataKind kind : {DataKind::kNormal, DataKind::kHeavyTailed, DataKind::kTies,
+                        DataKind::kSignedZeros}) {
+    const std::vector<float> x = MakeData(kind, 300000, 11);
+    // Empty pieces, one-element pieces and a piece holding most of the group.
+    const auto pieces = Cut(x, {0, 1, 1, 2, 4097, 150000, 299999});
+    for (double density : {1e-4, 1e-2, 1.0}) {
+      SparsifierOptions o;
+      o.density = density;
+      auto s = testing::MustMake("topk", o);
+      ASSERT_TRUE(s->SparsifiesPieces());
+      const auto joined = Apply(*s, x);
+      testing::ExpectSameSelection(ApplyPieces(*s, pieces), joined);
+      testing::ExpectSameSelection(ApplyPieces(*testing::MustMake("topk", o), pieces), joined);
+    }
+  }
+}
+
+TEST(TopKPiecesTest, RadixFallbackOverPiecesEqualsReference) {
+  const std::vector<float> x = MakeData(DataKind::kTies, 200000, 7);
+  const auto pieces = Cut(x, {3, 70000, 70000, 123457});
+  for (int64_t k : {1, 199, 5000}) {
+    cpu::TopKSelector selector;
+    selector.Reserve(200000, k);
+    selector.set_force_fallback(true);
+    std::vector<int32_t> idx(static_cast<size_t>(k));
+    std::vector<float> val(static_cast<size_t>(k));
+    ASSERT_TRUE(selector.SelectPieces(pieces, k, idx.data(), val.data()).ok());
+    EXPECT_EQ(selector.fallback_count(), 1);
+    EXPECT_EQ(idx, reference::TopKIndices(x, k)) << "k=" << k;
+    for (int64_t j = 0; j < k; ++j) EXPECT_TRUE(testing::SameBits(val[j], x[idx[j]]));
+  }
+}
+
+TEST(TopKPiecesTest, ANonFiniteElementIsNamedByItsIndexInTheWhole) {
+  std::vector<float> x = MakeData(DataKind::kNormal, 100000, 5);
+  x[60001] = std::numeric_limits<float>::infinity();
+  SparsifierOptions o;
+  o.density = 0.01;
+  const auto r = ApplyPieces(*testing::MustMake("topk", o), Cut(x, {1000, 60000}));
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status.message().find("60001"), std::string::npos) << r.status.ToString();
+  EXPECT_TRUE(r.indices.empty());
+}
+
+TEST(TopKPiecesTest, SparsifiersThatNeedOneBufferRefusePieces) {
+  const std::vector<float> x = MakeData(DataKind::kNormal, 1000, 5);
+  for (const char* name : {"randomk", "gaussiank", "wangni", "reference:topk"}) {
+    auto s = testing::MustMake(name, {});
+    EXPECT_FALSE(s->SparsifiesPieces()) << name;
+    EXPECT_EQ(ApplyPieces(*s, Cut(x, {500})).status.code(), StatusCode::kFailedPrecondition)
+        << name;
+  }
 }
 
 TEST(TopKTest, AdversarialOutliersBeyondTheSample) {
