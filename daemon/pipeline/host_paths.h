@@ -3,9 +3,11 @@
 //
 //   in_place_path.cc     a dense reduction of one tensor of one worker whose dtype is its own
 //                        accumulator: the transport reduces the worker's region itself.
-//   host_sparse_path.cc  a compressed gradient group: the local sum in float32 straight into the
-//                        group's SparseReducer (residual, selection, packing, exchange,
-//                        decoding), the average written back into the regions.
+//   host_sparse_path.cc  a compressed gradient group: float32 top-k in place (the residuals
+//                        take the regions' sum and select, the average is decoded into the
+//                        regions); otherwise the local sum in float32 into the group's
+//                        SparseReducer (residual, selection, packing, exchange, decoding), the
+//                        average written back into the regions.
 //   host_dense_path.cc   any other reduction: members of 1 MiB and more whose node sum is one
 //                        region are allreduced in it; the rest are summed side by side (in
 //                        float32 for the 16-bit floats), allreduced, divided, written back.

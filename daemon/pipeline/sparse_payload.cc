@@ -15,6 +15,7 @@
 #include <string>
 
 #include "kernels/dtype.h"
+#include "kernels/pieces.h"
 
 namespace sparsync::pipeline {
 namespace {
@@ -500,20 +501,40 @@ Result<size_t> Encode(const SparseTensor& tensor, IndexCoding index_coding,
   return total;
 }
 
-Status DecodeAdd(std::span<const uint8_t> payload, int64_t expected_numel, std::span<float> acc) {
-  if (expected_numel < 0 || acc.size() != static_cast<size_t>(expected_numel)) {
-    return InvalidArgument("sparse payload: accumulator has " + std::to_string(acc.size()) +
+namespace {
+
+// The layout of a payload that DecodeAdd may add into an accumulator of `acc_numel` elements.
+Result<Layout> ParseFor(std::span<const uint8_t> payload, int64_t expected_numel,
+                        int64_t acc_numel) {
+  if (expected_numel < 0 || acc_numel != expected_numel) {
+    return InvalidArgument("sparse payload: accumulator has " + std::to_string(acc_numel) +
                            " elements, expected " + std::to_string(expected_numel));
   }
   Result<Layout> parsed = Parse(payload);
   if (!parsed.ok()) return parsed.status();
-  const Layout& l = parsed.value();
-  if (l.numel != expected_numel) {
-    return Mismatch("sparse payload: describes a tensor of " + std::to_string(l.numel) +
+  if (parsed->numel != expected_numel) {
+    return Mismatch("sparse payload: describes a tensor of " + std::to_string(parsed->numel) +
                     " elements, expected " + std::to_string(expected_numel));
   }
+  return parsed;
+}
+
+}  // namespace
+
+Status DecodeAdd(std::span<const uint8_t> payload, int64_t expected_numel, std::span<float> acc) {
+  Result<Layout> l = ParseFor(payload, expected_numel, static_cast<int64_t>(acc.size()));
+  if (!l.ok()) return l.status();
   float* const a = acc.data();
-  ForEachCoordinate(l, [a](int32_t i, float v) { a[i] += v; });
+  ForEachCoordinate(*l, [a](int32_t i, float v) { a[i] += v; });
+  return Status::Ok();
+}
+
+Status DecodeAddPieces(std::span<const uint8_t> payload, int64_t expected_numel,
+                       std::span<const std::span<float>> acc) {
+  Result<Layout> l = ParseFor(payload, expected_numel, kernels::TotalElements(acc));
+  if (!l.ok()) return l.status();
+  kernels::PieceWalker<float> a(acc);  // the indices ascend: one walk over the pieces
+  ForEachCoordinate(*l, [&a](int32_t i, float v) { a[i] += v; });
   return Status::Ok();
 }
 

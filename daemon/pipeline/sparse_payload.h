@@ -90,6 +90,10 @@ Result<size_t> Encode(const SparseTensor& tensor, IndexCoding index_coding,
 // validate, describes a tensor of another size than expected_numel (MISMATCH), or an acc whose
 // size is not expected_numel (INVALID_ARGUMENT) is an error and acc is left unchanged.
 Status DecodeAdd(std::span<const uint8_t> payload, int64_t expected_numel, std::span<float> acc);
+// DecodeAdd into an accumulator stored in pieces laid end to end (kernels/pieces.h): a merge
+// group's tensors in buffers of their own. The same checks, with expected_numel the whole's size.
+Status DecodeAddPieces(std::span<const uint8_t> payload, int64_t expected_numel,
+                       std::span<const std::span<float>> acc);
 
 // A decoded payload: indices strictly ascending, values as DecodeAdd would add them.
 struct DecodedSparse {

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "daemon/pipeline/dense_math.h"
 #include "daemon/pipeline/gtopk.h"
+#include "kernels/pieces.h"
 
 namespace sparsync::pipeline {
 namespace {
@@ -37,6 +39,46 @@ int64_t FirstNonFinite(std::span<const float> x) {
     if (!std::isfinite(x[i])) return static_cast<int64_t>(i);
   }
   return -1;
+}
+
+// The first element at which the sum of `in` (element by element, in order, as SumInto adds
+// them) is not finite, or -1; *value gets that sum.
+int64_t FirstNonFiniteSum(LocalBuffers in, size_t count, float* value) {
+  if (in.size() == 1) {
+    const int64_t at = FirstNonFinite(in[0]);
+    if (at >= 0) *value = in[0][static_cast<size_t>(at)];
+    return at;
+  }
+  for (size_t j = 0; j < count; ++j) {
+    float sum = in[0][j];
+    for (size_t w = 1; w < in.size(); ++w) sum += in[w][j];
+    if (!std::isfinite(sum)) {
+      *value = sum;
+      return static_cast<int64_t>(j);
+    }
+  }
+  return -1;
+}
+
+// residual += the sum of `in` (a fresh residual becomes the sum): the same float additions as
+// PrepareWork's `work = sum; work += residual`, signed zeros included.
+void AddLocalSum(LocalBuffers in, bool fresh, std::span<float> residual) {
+  float* r = residual.data();
+  const size_t count = residual.size();
+  if (in.size() == 1) {
+    const float* g = in[0].data();
+    if (fresh) {
+      std::memcpy(r, g, count * sizeof(float));
+    } else {
+      for (size_t j = 0; j < count; ++j) r[j] += g[j];
+    }
+    return;
+  }
+  for (size_t j = 0; j < count; ++j) {
+    float sum = in[0][j];
+    for (size_t w = 1; w < in.size(); ++w) sum += in[w][j];
+    r[j] = fresh ? sum : r[j] + sum;
+  }
 }
 
 const std::string& SliceName(std::span<const GroupSlice> slices, int64_t element) {
@@ -119,8 +161,9 @@ bool SparseReducer::UsesAllGather() const {
 }
 
 Status SparseReducer::Select(uint64_t step, uint32_t group_id, PreparedGroup* prepared) {
-  std::vector<float>& work = prepared->work;
-  const int64_t n = static_cast<int64_t>(work.size());
+  const std::vector<float>& work = prepared->work;
+  const int64_t n = prepared->in_place ? kernels::TotalElements<const float>(prepared->pieces)
+                                       : static_cast<int64_t>(work.size());
   if (n > prepared_) {
     auto st = sparsifier_->Prepare(n, kernels::DType::kFloat32);
     if (!st.ok()) return Internal("preparing the sparsifier: " + st.message());
@@ -135,7 +178,9 @@ Status SparseReducer::Select(uint64_t step, uint32_t group_id, PreparedGroup* pr
   ctx.shared_seed = Mix(Mix(config_.seed) ^ step) ^ group_id;
   ctx.step = static_cast<int64_t>(step);
   ctx.dgc_state = &prepared->dgc;
-  auto st = sparsifier_->Sparsify({work.data(), n, kernels::DType::kFloat32}, &out, ctx);
+  auto st = prepared->in_place
+                ? sparsifier_->SparsifyPieces(prepared->pieces, &out, ctx)
+                : sparsifier_->Sparsify({work.data(), n, kernels::DType::kFloat32}, &out, ctx);
   if (!st.ok()) return Internal("sparsifying: " + st.message());
   prepared->indices.resize(static_cast<size_t>(out.k));
   prepared->values.resize(static_cast<size_t>(out.k));
@@ -164,20 +209,109 @@ Status SparseReducer::Prepare(std::span<const GroupSlice> slices, std::span<cons
   return PrepareWork(slices, step, group_id, prepared);
 }
 
+Status SparseReducer::StartPreparing(std::span<const GroupSlice> slices, int64_t bad,
+                                     float bad_value, bool in_place, PreparedGroup* prepared) {
+  if (bad >= 0 && config_.nonfinite == NonFinitePolicy::kError) {
+    return NonFiniteStatus(slices, bad, bad_value, node_rank_);
+  }
+  prepared->finite = bad < 0;
+  prepared->nonfinite_tensor = prepared->finite ? std::string() : SliceName(slices, bad);
+  prepared->in_place = in_place;
+  prepared->residuals.clear();
+  prepared->pieces.clear();
+  prepared->indices.clear();
+  prepared->values.clear();
+  prepared->delivered.clear();
+  prepared->payload_bytes = 0;
+  return Status::Ok();
+}
+
+bool SparseReducer::ReducesInPlace() const {
+  return config_.ErrorFeedback() && UsesAllGather() && sparsifier_->SparsifiesPieces();
+}
+
+Status SparseReducer::PrepareInPlace(std::span<const GroupSlice> slices,
+                                     std::span<const LocalBuffers> inputs, uint64_t step,
+                                     uint32_t group_id, PreparedGroup* prepared) {
+  // The non-finite check first, on the sums: no residual changes for a group that is not sent.
+  int64_t bad = -1;
+  float bad_value = 0.0f;
+  for (size_t i = 0; i < slices.size() && bad < 0; ++i) {
+    const int64_t at = FirstNonFiniteSum(inputs[i], slices[i].count, &bad_value);
+    if (at >= 0) bad = static_cast<int64_t>(slices[i].offset) + at;
+  }
+  SPARSYNC_RETURN_IF_ERROR(StartPreparing(slices, bad, bad_value, /*in_place=*/true, prepared));
+  prepared->work.clear();
+  if (!prepared->finite) return Status::Ok();  // nothing is sent; see ExchangeInPlace()
+  size_t n = 0;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    bool fresh = false;
+    Result<std::span<float>> r = state_->OpenResidual(*slices[i].name, slices[i].count, &fresh);
+    if (!r.ok()) {
+      CloseResiduals(slices.first(i));
+      return r.status();
+    }
+    AddLocalSum(inputs[i], fresh, *r);
+    prepared->residuals.push_back(*r);
+    prepared->pieces.push_back(*r);
+    n += slices[i].count;
+  }
+  Status st = Select(step, group_id, prepared);
+  Mark(prepared, "sparsify");
+  if (st.ok()) st = Pack(static_cast<int64_t>(n), /*with_delivered=*/true, prepared);
+  Mark(prepared, "pack");
+  if (!st.ok()) CloseResiduals(slices);  // the group goes no further
+  return st;
+}
+
+void SparseReducer::CloseResiduals(std::span<const GroupSlice> slices) {
+  for (const GroupSlice& s : slices) state_->CloseResidual(*s.name);
+}
+
+Status SparseReducer::ExchangeInPlace(std::span<const GroupSlice> slices, PreparedGroup& prepared,
+                                      std::span<const LocalBuffers> inputs, double divisor,
+                                      uint32_t* tag) {
+  // Whatever happens below, the residuals are done with when this returns.
+  struct Closer {
+    SparseReducer* reducer;
+    std::span<const GroupSlice> slices;
+    bool open;
+    ~Closer() {
+      if (open) reducer->CloseResiduals(slices);
+    }
+  } closer{this, slices, prepared.finite};
+  bool skip = false;
+  std::vector<size_t> payload_bytes;
+  SPARSYNC_RETURN_IF_ERROR(GatherPayloads(prepared, tag, &skip, &payload_bytes));
+  Mark(&prepared, "transfer");
+  // The result goes into each tensor's first buffer, then is copied to the others.
+  std::vector<std::span<float>> firsts;
+  for (const LocalBuffers& in : inputs) firsts.push_back(in[0]);
+  if (skip) {
+    // As in Exchange(); a finite node's residuals hold everything it would have sent already.
+    for (const std::span<float>& s : firsts) std::fill(s.begin(), s.end(), 0.0f);
+    if (!prepared.finite) WarnSkipped(prepared);
+  } else {
+    KeepState(slices, prepared, prepared.delivered);
+    SPARSYNC_RETURN_IF_ERROR(DecodeAll(payload_bytes, firsts));
+    Mark(&prepared, "unpack");
+    for (const std::span<float>& s : firsts) {
+      DivideInPlace(s.data(), s.size(), divisor, DType::kFloat32);
+    }
+  }
+  for (const LocalBuffers& in : inputs) {
+    for (size_t w = 1; w < in.size(); ++w) std::copy(in[0].begin(), in[0].end(), in[w].begin());
+  }
+  return Status::Ok();
+}
+
 Status SparseReducer::PrepareWork(std::span<const GroupSlice> slices, uint64_t step,
                                   uint32_t group_id, PreparedGroup* prepared) {
   std::span<const float> group = prepared->work;  // the local sum, before the residual
   const size_t n = group.size();
   const int64_t bad = FirstNonFinite(group);
-  if (bad >= 0 && config_.nonfinite == NonFinitePolicy::kError) {
-    return NonFiniteStatus(slices, bad, group[bad], node_rank_);
-  }
-  prepared->finite = bad < 0;
-  prepared->nonfinite_tensor = prepared->finite ? std::string() : SliceName(slices, bad);
-  prepared->indices.clear();
-  prepared->values.clear();
-  prepared->delivered.clear();
-  prepared->payload_bytes = 0;
+  SPARSYNC_RETURN_IF_ERROR(
+      StartPreparing(slices, bad, bad >= 0 ? group[bad] : 0.0f, /*in_place=*/false, prepared));
   if (!prepared->finite) return Status::Ok();  // nothing is sent; see Exchange()
   if (config_.ErrorFeedback()) {
     SPARSYNC_RETURN_IF_ERROR(state_->AddTo(TensorState::Kind::kResidual, slices, prepared->work));
@@ -216,7 +350,7 @@ Status SparseReducer::Exchange(std::span<const GroupSlice> slices, PreparedGroup
     Mark(&prepared, "transfer");
     if (!skip) {
       KeepState(slices, prepared, prepared.delivered);
-      SPARSYNC_RETURN_IF_ERROR(DecodeAll(payload_bytes, group));
+      SPARSYNC_RETURN_IF_ERROR(DecodeAll(payload_bytes, {&group, 1}));
       Mark(&prepared, "unpack");
     }
   }
@@ -231,17 +365,19 @@ Status SparseReducer::Exchange(std::span<const GroupSlice> slices, PreparedGroup
     if (!prepared.finite) WarnSkipped(prepared);
     return Status::Ok();
   }
-  if (divisor != 1.0) {
-    const float d = static_cast<float>(divisor);
-    for (float& x : group) x /= d;
-  }
+  DivideInPlace(group.data(), group.size(), divisor, DType::kFloat32);
   return Status::Ok();
 }
 
 void SparseReducer::KeepState(std::span<const GroupSlice> slices, PreparedGroup& prepared,
                               const std::vector<float>& delivered) {
-  if (config_.ErrorFeedback()) {
-    // residual = what was to be sent minus what the other nodes decode.
+  if (config_.ErrorFeedback() && prepared.in_place) {
+    // residual = what was to be sent minus what the other nodes decode, where it is kept.
+    kernels::PieceWalker<float> residual(prepared.residuals);
+    for (size_t j = 0; j < prepared.indices.size(); ++j) {
+      residual[prepared.indices[j]] -= delivered[j];
+    }
+  } else if (config_.ErrorFeedback()) {
     std::vector<float>& work = prepared.work;
     for (size_t j = 0; j < prepared.indices.size(); ++j) {
       work[prepared.indices[j]] -= delivered[j];
@@ -286,13 +422,14 @@ Status SparseReducer::GatherPayloads(PreparedGroup& prepared, uint32_t* tag, boo
   return Status::Ok();
 }
 
-Status SparseReducer::DecodeAll(const std::vector<size_t>& payload_bytes, std::span<float> group) {
-  const int64_t n = static_cast<int64_t>(group.size());
-  std::fill(group.begin(), group.end(), 0.0f);
+Status SparseReducer::DecodeAll(const std::vector<size_t>& payload_bytes,
+                                std::span<const std::span<float>> group) {
+  const int64_t n = kernels::TotalElements(group);
+  for (const std::span<float>& piece : group) std::fill(piece.begin(), piece.end(), 0.0f);
   size_t offset = 0;
   for (int r = 0; r < num_nodes_; ++r) {
-    auto st =
-        DecodeAdd(std::span<const uint8_t>(gathered_.data() + offset, payload_bytes[r]), n, group);
+    auto st = DecodeAddPieces(std::span<const uint8_t>(gathered_.data() + offset, payload_bytes[r]),
+                              n, group);
     if (!st.ok()) return st.WithContext("payload of node " + std::to_string(r));
     offset += payload_bytes[r];
   }

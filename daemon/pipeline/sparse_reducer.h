@@ -44,6 +44,11 @@ struct PreparedGroup {
   bool finite = true;            // false: this node's group holds NaN/Inf (skip policy)
   std::string nonfinite_tensor;  // the first such tensor, for the warning
   std::vector<float> work;       // the group plus its residual: what was compressed
+  // PrepareInPlace made it: each slice's residual holds its part of the group plus the residual
+  // (what was compressed), in place of `work`.
+  bool in_place = false;
+  std::vector<std::span<float>> residuals;
+  std::vector<std::span<const float>> pieces;  // the same, as the sparsifier reads them
   std::vector<int32_t> indices;  // the selection
   std::vector<float> values;
   std::vector<float> delivered;  // what the peers decode of our selection (allgather path)
@@ -52,6 +57,9 @@ struct PreparedGroup {
   kernels::DgcState dgc;  // DGC's momentum and accumulation after the selection
   StepMarks* marks = nullptr;  // where the reducer marks its sub-steps (null: nowhere)
 };
+
+// A tensor's float32 buffers on this node, for the in-place reduction: one per local worker.
+using LocalBuffers = std::span<const std::span<float>>;
 
 class SparseReducer {
  public:
@@ -71,6 +79,22 @@ class SparseReducer {
   // the group), saving the copy.
   Status PrepareWork(std::span<const GroupSlice> slices, uint64_t step, uint32_t group_id,
                      PreparedGroup* prepared);
+  // Whether PrepareInPlace() and ExchangeInPlace() take this reducer's groups: top-k with error
+  // feedback, exchanged by allgather (the sparsifier selects over pieces).
+  bool ReducesInPlace() const;
+  // Stage A without a group-sized buffer. `inputs[i]` holds slice i's float32 buffers on this
+  // node (its local workers' regions, at least one): their sum, formed element by element in
+  // the order SumInto forms it, is the node's part. They are read, not written. Each tensor's
+  // residual takes its sum in place and the selection is made over the residuals. Otherwise as
+  // Prepare(). REQUIRES: ReducesInPlace().
+  Status PrepareInPlace(std::span<const GroupSlice> slices, std::span<const LocalBuffers> inputs,
+                        uint64_t step, uint32_t group_id, PreparedGroup* prepared);
+  // Stage B of a group from PrepareInPlace(): Exchange() with the result written into every one
+  // of `inputs` (the same buffers): the decompressed sum over all nodes divided by `divisor`, bit
+  // for bit what SumInto, Prepare() and Exchange() over the joined group give, with the same
+  // residuals after.
+  Status ExchangeInPlace(std::span<const GroupSlice> slices, PreparedGroup& prepared,
+                         std::span<const LocalBuffers> inputs, double divisor, uint32_t* tag);
   // Stage B: every transport call of the group, in the same order on every node. On return
   // `group` holds the decompressed sum over all nodes divided by `divisor`; the residuals of
   // `slices` are updated. `*tag` is the transport tag counter shared with the executor.
@@ -111,6 +135,13 @@ class SparseReducer {
  private:
   SparseReducer(const Config& config, int node_rank, int num_nodes, transport::Transport* transport,
                 std::unique_ptr<kernels::Sparsifier> sparsifier, TensorState* state);
+  // Applies the non-finite policy to `bad` (the first such element, -1: none) and resets
+  // `prepared` for a new group.
+  Status StartPreparing(std::span<const GroupSlice> slices, int64_t bad, float bad_value,
+                        bool in_place, PreparedGroup* prepared);
+  // TensorState::CloseResidual for each slice: the in-place group is done with its residuals.
+  void CloseResiduals(std::span<const GroupSlice> slices);
+  // Selects from prepared->work, or from the residuals of an in-place group.
   Status Select(uint64_t step, uint32_t group_id, PreparedGroup* prepared);
   // Encodes the selection; `with_delivered`: also what the peers decode of it (error feedback).
   Status Pack(int64_t n, bool with_delivered, PreparedGroup* prepared);
@@ -122,10 +153,11 @@ class SparseReducer {
   Status ExchangeSharedIndices(std::span<float> group, PreparedGroup& prepared, uint32_t* tag,
                                bool* skip);
   // Every node's payload in gathered_ (sizes `payload_bytes`), decoded and added into `group`
-  // in node order.
-  Status DecodeAll(const std::vector<size_t>& payload_bytes, std::span<float> group);
+  // (its pieces laid end to end, zeroed first) in node order.
+  Status DecodeAll(const std::vector<size_t>& payload_bytes,
+                   std::span<const std::span<float>> group);
   // After a finite exchange: the residuals (what was to be sent minus `delivered`, what the
-  // peers decoded of this node's selection) and DGC's state, from prepared.work.
+  // peers decoded of this node's selection) and DGC's state, from prepared.work (or in place).
   void KeepState(std::span<const GroupSlice> slices, PreparedGroup& prepared,
                  const std::vector<float>& delivered);
   // The warning of a node whose group was not finite, when the step is skipped.

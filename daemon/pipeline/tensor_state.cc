@@ -12,20 +12,18 @@ std::vector<float>& TensorState::Slot(Kind kind, const std::string& name, size_t
   return v;
 }
 
-Status TensorState::AddTo(Kind kind, std::span<const GroupSlice> slices, std::span<float> group) {
+Status TensorState::BringResidualsHome(std::span<const GroupSlice> slices) {
   std::vector<std::pair<const GroupSlice*, std::unique_ptr<DeviceResidual>>> arriving;
   {
     std::lock_guard lock(mu_);
-    if (kind == Kind::kResidual) {
-      for (const GroupSlice& s : slices) {
-        auto it = device_.find(*s.name);
-        if (it == device_.end()) continue;
-        arriving.emplace_back(&s, std::move(it->second));
-        device_.erase(it);
-      }
+    for (const GroupSlice& s : slices) {
+      auto it = device_.find(*s.name);
+      if (it == device_.end()) continue;
+      arriving.emplace_back(&s, std::move(it->second));
+      device_.erase(it);
     }
   }
-  // Residuals on a device come to the host, copied outside the lock.
+  // Copied outside the lock.
   for (auto& [s, residual] : arriving) {
     std::vector<float> host(s->count, 0.0f);
     if (residual->count() == s->count) SPARSYNC_RETURN_IF_ERROR(residual->AddToHost(host));
@@ -37,6 +35,11 @@ Status TensorState::AddTo(Kind kind, std::span<const GroupSlice> slices, std::sp
       v = std::move(host);
     }
   }
+  return Status::Ok();
+}
+
+Status TensorState::AddTo(Kind kind, std::span<const GroupSlice> slices, std::span<float> group) {
+  if (kind == Kind::kResidual) SPARSYNC_RETURN_IF_ERROR(BringResidualsHome(slices));
   std::lock_guard lock(mu_);
   const auto& map = state_[static_cast<int>(kind)];
   for (const GroupSlice& s : slices) {
@@ -64,6 +67,23 @@ void TensorState::Load(Kind kind, std::span<const GroupSlice> slices, std::span<
     std::vector<float>& v = Slot(kind, *s.name, s.count);
     std::memcpy(group.data() + s.offset, v.data(), s.count * sizeof(float));
   }
+}
+
+Result<std::span<float>> TensorState::OpenResidual(const std::string& name, size_t count,
+                                                   bool* fresh) {
+  const GroupSlice whole{&name, 0, count};
+  SPARSYNC_RETURN_IF_ERROR(BringResidualsHome({&whole, 1}));
+  std::lock_guard lock(mu_);
+  std::vector<float>& v = state_[static_cast<int>(Kind::kResidual)][name];
+  *fresh = v.size() != count;
+  if (*fresh) v.assign(count, 0.0f);
+  open_.insert(name);
+  return std::span<float>(v);
+}
+
+void TensorState::CloseResidual(const std::string& name) {
+  std::lock_guard lock(mu_);
+  open_.erase(name);
 }
 
 std::vector<float> TensorState::Take(Kind kind, const std::string& name) {
@@ -100,6 +120,8 @@ void TensorState::Forget(const std::string& name) {
   std::unique_ptr<DeviceResidual> freed;  // after the lock is released
   std::lock_guard lock(mu_);
   for (auto& map : state_) map.erase(name);
+  open_.erase(name);
+  squared_norm_.erase(name);
   auto it = device_.find(name);
   if (it != device_.end()) {
     freed = std::move(it->second);
@@ -128,7 +150,12 @@ double TensorState::HostResidualNorm() const {
   std::lock_guard lock(mu_);
   double sum = 0;
   for (const auto& [name, v] : state_[static_cast<int>(Kind::kResidual)]) {
-    for (float x : v) sum += static_cast<double>(x) * x;
+    double& squared = squared_norm_[name];
+    if (!open_.contains(name)) {
+      squared = 0;
+      for (float x : v) squared += static_cast<double>(x) * x;
+    }
+    sum += squared;
   }
   return std::sqrt(sum);
 }

@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "daemon/common/status.h"
@@ -55,6 +56,13 @@ class TensorState {
   void Store(Kind kind, std::span<const GroupSlice> slices, std::span<const float> group);
   void Load(Kind kind, std::span<const GroupSlice> slices, std::span<float> group);
 
+  // `name`'s host residual of `count` elements, for a path that updates it in place outside the
+  // lock (the host sparse path's in-place reduction) until CloseResidual(name): one kept on a
+  // device comes to the host first. `*fresh`: there was none of that size, and the one returned
+  // holds zeros. Valid until `name`'s residual is taken or forgotten; the caller's group is the
+  // only one of `name` in flight.
+  Result<std::span<float>> OpenResidual(const std::string& name, size_t count, bool* fresh);
+  void CloseResidual(const std::string& name);
   // Removes `name`'s host vector of `kind` and returns it (empty if none).
   std::vector<float> Take(Kind kind, const std::string& name);
   // The device residual of `name`, if any (not removed; valid until it is taken or forgotten).
@@ -72,14 +80,19 @@ class TensorState {
   size_t bytes() const;         // host
   size_t device_bytes() const;  // device residuals
   // The L2 norm of every residual kept on the host (for the metrics; takes the lock for one pass
-  // over them, so it is for scrapes, not for every step).
+  // over them, so it is for scrapes, not for every step). An open residual (OpenResidual) counts
+  // with its value at the last scrape that found it closed: it is being written.
   double HostResidualNorm() const;
 
  private:
   std::vector<float>& Slot(Kind kind, const std::string& name, size_t count);  // REQUIRES: mu_
+  // Moves the device residuals of `slices` into the host's (added to any of the same size).
+  Status BringResidualsHome(std::span<const GroupSlice> slices);
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::vector<float>> state_[3];
   std::unordered_map<std::string, std::unique_ptr<DeviceResidual>> device_;
+  std::unordered_set<std::string> open_;  // residuals written outside the lock
+  mutable std::unordered_map<std::string, double> squared_norm_;  // HostResidualNorm's last
 };
 
 }  // namespace sparsync::pipeline

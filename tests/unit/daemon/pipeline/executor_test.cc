@@ -31,6 +31,38 @@ TEST_P(ExecutorPipelineTest, SameBitsOnEveryNodeAndAsOneEntryAtATime) {
   }
 }
 
+// The host sparse path's in-place way (the residuals select, the result is decoded into the
+// regions) sums a node's workers with the residual. Two workers that post halves of what one
+// posts make the same node sums exactly, and the average over twice the workers is exactly half:
+// one and two workers per node give the same bits, every other path included.
+TEST(ExecutorInPlaceTest, OneWorkerPerNodeGivesWhatTwoWorkersPostingHalvesGive) {
+  constexpr int kNodes = 3;
+  auto whole = [](int node, int, size_t t, size_t i, uint64_t round) {
+    return Value(node, 0, t, i, round);
+  };
+  auto half = [](int node, int, size_t t, size_t i, uint64_t round) {
+    return Value(node, 0, t, i, round) / 2;
+  };
+  RunResult one = RunMixed(kNodes, 1, 3, /*pipelined=*/true, whole);
+  RunResult two = RunMixed(kNodes, 2, 3, /*pipelined=*/true, half);
+  for (int r = 0; r < kNodes; ++r) {
+    for (int32_t s : one.statuses[r]) ASSERT_EQ(s, SPARSYNC_OK) << "node " << r;
+    for (int32_t s : two.statuses[r]) ASSERT_EQ(s, SPARSYNC_OK) << "node " << r;
+    // Worker 0's buffers of every round: two's results are laid out worker by worker.
+    size_t round_size = 0;
+    for (const TensorSpec& t : kMixed) round_size += static_cast<size_t>(t.numel);
+    ASSERT_EQ(two.results[r].size(), 2 * one.results[r].size());
+    for (size_t round = 0; round < 3; ++round) {
+      for (size_t i = 0; i < round_size; ++i) {
+        const float a = one.results[r][round * round_size + i];
+        const float b = two.results[r][2 * round * round_size + i] * 2;
+        ASSERT_EQ(0, std::memcmp(&a, &b, sizeof a))
+            << "node " << r << " round " << round << " element " << i << ": " << a << " vs " << b;
+      }
+    }
+  }
+}
+
 TEST_P(ExecutorPipelineTest, TransportCallsInScheduleOrderFromOneThread) {
   const auto [nodes, local_size] = GetParam();
   RunResult piped = RunMixed(nodes, local_size, 2, /*pipelined=*/true);

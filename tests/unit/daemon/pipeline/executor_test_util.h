@@ -196,6 +196,9 @@ class Node {
     for (int fd : worker_fds_) close(fd);
   }
 
+  // What Post() writes (null: Value).
+  std::function<float(int node, int local, size_t tensor, size_t i, uint64_t round)> value;
+
   Executor& executor() { return *executor_; }
   Feed& feed() { return feed_; }
   TensorState& state() { return sparse_->state(); }
@@ -207,7 +210,8 @@ class Node {
       for (size_t t = 0; t < specs_.size(); ++t) {
         float* data = static_cast<float*>(regions_[local][t]->data());
         for (size_t i = 0; i < static_cast<size_t>(specs_[t].numel); ++i) {
-          data[i] = Value(world_.node_rank, local, t, i, round);
+          data[i] = value ? value(world_.node_rank, local, t, i, round)
+                          : Value(world_.node_rank, local, t, i, round);
         }
         if (static_cast<int>(t) == poison) data[0] = NAN;
         sparsync_ready ready{};
@@ -307,8 +311,10 @@ struct RunResult {
 };
 
 // Runs `rounds` rounds of kMixed on `nodes` nodes with `local_size` workers each, pipelined
-// (Start) or one entry at a time (RunOnce on the test's thread).
-inline RunResult RunMixed(int nodes, int local_size, int rounds, bool pipelined) {
+// (Start) or one entry at a time (RunOnce on the test's thread). `value`: what the workers post
+// (null: Value).
+inline RunResult RunMixed(int nodes, int local_size, int rounds, bool pipelined,
+                          decltype(Node::value) value = nullptr) {
   auto hub = std::make_shared<transport::LoopbackHub>(nodes, std::chrono::seconds(20));
   std::vector<std::unique_ptr<transport::LoopbackTransport>> loopbacks;
   std::vector<std::unique_ptr<RecordingTransport>> recorders;
@@ -330,6 +336,7 @@ inline RunResult RunMixed(int nodes, int local_size, int rounds, bool pipelined)
     cluster.push_back(std::make_unique<Node>(World{r, nodes, local_size}, kMixed, rec,
                                              SparseConfig(), options,
                                              [hub](const Status& s) { hub->Abort(s); }));
+    cluster.back()->value = value;
     if (pipelined) cluster.back()->executor().Start();
   }
   RunResult out;

@@ -149,9 +149,10 @@ TEST_P(SparseReducerTest, PreparingAheadMatchesOneGroupAtATime) {
   const Config config = MakeConfig();
   const std::string kC = "head.weight";
   const std::vector<GroupSlice> other = {{&kC, 0, 2500}};
-  // [0]: one group at a time, [1]: prepared ahead, [2]: ahead, in the work buffers. Per node,
+  // [0]: one group at a time, [1]: prepared ahead, [2]: ahead, in the work buffers, [3]: ahead,
+  // in place (the host path's way for top-k with error feedback; the others as [2]). Per node,
   // per step: x's result then y's.
-  constexpr int kModes = 3;
+  constexpr int kModes = 4;
   std::vector<std::vector<std::vector<float>>> results(kModes,
                                                        std::vector<std::vector<float>>(n));
   std::vector<std::vector<std::unique_ptr<SparseReducer>>> reducers(kModes);
@@ -172,13 +173,32 @@ TEST_P(SparseReducerTest, PreparingAheadMatchesOneGroupAtATime) {
         uint32_t tag = 0;
         PreparedGroup px, py;
         auto run = [&](int step) -> Status {
-          std::vector<float> x = Gradient(r, step);
+          // x is the sum of two workers' gradients (u + v), y one worker's.
+          const std::vector<float> u = Gradient(r, step), v = Gradient(r + 50, step);
+          std::vector<float> x(kNumel);
+          for (size_t j = 0; j < kNumel; ++j) x[j] = u[j] + v[j];
           std::vector<float> y = Gradient(r + 100, step);
           y.resize(2500);
           if (mode == 0) {
             SPARSYNC_RETURN_IF_ERROR(reducer.Reduce(kSlices, x, step, 1, n, &tag));
             SPARSYNC_RETURN_IF_ERROR(reducer.Reduce(other, y, step, 2, n, &tag));
-          } else if (mode == 2) {
+          } else if (mode == 3 && reducer.ReducesInPlace()) {
+            // Each tensor in buffers of its own, as the workers' regions are: x's two tensors
+            // from two workers (u and v), y from one.
+            std::vector<float> ua(u.begin(), u.begin() + 3000), ub(u.begin() + 3000, u.end());
+            std::vector<float> va(v.begin(), v.begin() + 3000), vb(v.begin() + 3000, v.end());
+            const std::vector<std::span<float>> xa = {ua, va}, xb = {ub, vb}, yy = {y};
+            const std::vector<LocalBuffers> sx = {xa, xb}, sy = {yy};
+            SPARSYNC_RETURN_IF_ERROR(reducer.PrepareInPlace(kSlices, sx, step, 1, &px));
+            SPARSYNC_RETURN_IF_ERROR(reducer.PrepareInPlace(other, sy, step, 2, &py));
+            SPARSYNC_RETURN_IF_ERROR(reducer.ExchangeInPlace(kSlices, px, sx, n, &tag));
+            SPARSYNC_RETURN_IF_ERROR(reducer.ExchangeInPlace(other, py, sy, n, &tag));
+            EXPECT_TRUE(px.work.empty()) << "no group-sized buffer";
+            EXPECT_EQ(ua, va) << "every worker's buffer holds the result";
+            EXPECT_EQ(ub, vb);
+            std::copy(ua.begin(), ua.end(), x.begin());
+            std::copy(ub.begin(), ub.end(), x.begin() + 3000);
+          } else if (mode >= 2) {
             px.work = x;
             py.work = y;
             SPARSYNC_RETURN_IF_ERROR(reducer.PrepareWork(kSlices, step, 1, &px));
@@ -228,6 +248,17 @@ TEST_P(SparseReducerTest, PreparingAheadMatchesOneGroupAtATime) {
       }
     }
   }
+}
+
+TEST_P(SparseReducerTest, InPlaceOnlyForTopKWithErrorFeedback) {
+  const Config config = MakeConfig();
+  auto hub = std::make_shared<transport::LoopbackHub>(1);
+  transport::LoopbackTransport t(hub, 0);
+  auto reducer = SparseReducer::Create(config, 0, GetParam().nodes, &t);
+  ASSERT_TRUE(reducer.ok());
+  const bool allgather = config.compressor == Compressor::kTopK ||
+                         (config.compressor == Compressor::kGTopK && GetParam().nodes == 3);
+  EXPECT_EQ((*reducer)->ReducesInPlace(), allgather && config.ErrorFeedback());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -474,7 +505,34 @@ TEST(SparseReducerNonFiniteTest, ErrorNamesTheTensorAndNode) {
   EXPECT_NE(st.message().find("node 0"), std::string::npos) << st.message();
 }
 
-TEST(SparseReducerNonFiniteTest, SkipDropsTheGroupOnEveryNodeAndKeepsTheFiniteResiduals) {
+// The in-place reduction writes a residual outside the state's lock between OpenResidual and
+// CloseResidual; a metrics scrape meanwhile must not read it (a data race), and counts it with
+// what the last scrape that found it closed saw.
+TEST(TensorStateTest, AnOpenResidualCountsInTheNormWithItsLastClosedValue) {
+  TensorState state;
+  bool fresh = false;
+  std::span<float> r = state.OpenResidual(kA, 2, &fresh).value();
+  EXPECT_TRUE(fresh);
+  r[0] = 3.0f;
+  EXPECT_EQ(state.HostResidualNorm(), 0.0) << "never seen closed";
+  state.CloseResidual(kA);
+  EXPECT_EQ(state.HostResidualNorm(), 3.0);
+  r = state.OpenResidual(kA, 2, &fresh).value();
+  EXPECT_FALSE(fresh);
+  EXPECT_EQ(r[0], 3.0f) << "the same residual, kept";
+  r[1] = 4.0f;
+  EXPECT_EQ(state.HostResidualNorm(), 3.0);
+  state.CloseResidual(kA);
+  EXPECT_EQ(state.HostResidualNorm(), 5.0);
+  EXPECT_TRUE(state.OpenResidual(kA, 3, &fresh).value()[0] == 0.0f && fresh)
+      << "another size: a fresh residual";
+  state.CloseResidual(kA);
+}
+
+class SparseReducerSkipTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SparseReducerSkipTest, SkipDropsTheGroupOnEveryNodeAndKeepsTheFiniteResiduals) {
+  const bool in_place = GetParam();
   Config c;
   c.compressor = Compressor::kTopK;
   c.nonfinite = NonFinitePolicy::kSkip;
@@ -492,7 +550,16 @@ TEST(SparseReducerNonFiniteTest, SkipDropsTheGroupOnEveryNodeAndKeepsTheFiniteRe
       std::vector<float> g(kNumel, 0.5f);
       if (r == 1) g[10] = INFINITY;
       uint32_t tag = 0;
-      ASSERT_TRUE(reducers[r]->Reduce(kSlices, g, 1, 1, 2.0, &tag).ok());
+      if (in_place) {
+        PreparedGroup p;
+        const std::vector<std::span<float>> a = {std::span(g).first(3000)},
+                                            b = {std::span(g).subspan(3000)};
+        const std::vector<LocalBuffers> inputs = {a, b};
+        ASSERT_TRUE(reducers[r]->PrepareInPlace(kSlices, inputs, 1, 1, &p).ok());
+        ASSERT_TRUE(reducers[r]->ExchangeInPlace(kSlices, p, inputs, 2.0, &tag).ok());
+      } else {
+        ASSERT_TRUE(reducers[r]->Reduce(kSlices, g, 1, 1, 2.0, &tag).ok());
+      }
       out[r] = g;
     });
   }
@@ -503,7 +570,11 @@ TEST(SparseReducerNonFiniteTest, SkipDropsTheGroupOnEveryNodeAndKeepsTheFiniteRe
   auto kept = reducers[0]->state().Get(TensorState::Kind::kResidual, kA);
   ASSERT_EQ(kept.size(), 3000u);
   EXPECT_EQ(kept[0], 0.5f) << "the finite node keeps its whole gradient for later";
+  EXPECT_TRUE(reducers[1]->state().Get(TensorState::Kind::kResidual, kA).empty())
+      << "the node whose group was not finite keeps nothing of it";
 }
+
+INSTANTIATE_TEST_SUITE_P(WorkBufferAndInPlace, SparseReducerSkipTest, ::testing::Bool());
 
 }  // namespace
 }  // namespace sparsync::pipeline
