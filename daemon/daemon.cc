@@ -211,8 +211,11 @@ Status Daemon::StartParts() {
     if (interrupted_) CancelStartWaits();
     spdlog::info("NCCL communicator ready");
   } else {
+    // A broken connection that names no node waits for the coordinator's liveness verdict, which
+    // names it, plus the time that verdict takes to reach every node's next poll.
     auto transport = transport::GlooTransport::Create(
-        config_.node_rank, config_.num_nodes, config_.listen, store_.get(), config_.timeout());
+        config_.node_rank, config_.num_nodes, config_.listen, store_.get(), config_.timeout(),
+        LivenessWindow(config_) + std::chrono::seconds(3));
     if (!transport.ok()) return transport.status();
     std::lock_guard lock(parts_mu_);
     transport_ = std::move(*transport);

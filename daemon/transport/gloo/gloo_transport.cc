@@ -7,12 +7,21 @@
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <set>
 #include <sstream>
 
 namespace sparsync::transport {
@@ -55,16 +64,79 @@ void SumInto(void* c, const void* a, const void* b, size_t n) {
 
 // How long a broken connection waits for the job's reason before it is reported as its own: a
 // second when the error names the peer's node (its own text then says which node broke), longer
-// when it cannot (simulated nodes sharing one host): the coordinator's verdict names the lost node,
-// and on a loaded machine it comes later than a second after the reset.
+// when it cannot (simulated nodes sharing one host; Create's `unnamed_wait`): the coordinator's
+// verdict names the lost node, and it comes only once the node has been silent for the liveness
+// window (a killed daemon's connections break at once, its polls stop).
 constexpr auto kVerdictGrace = std::chrono::seconds(1);
-constexpr auto kUnnamedVerdictGrace = std::chrono::seconds(5);
 
 // Each node's listening host, published through the rendezvous store after the mesh is
 // connected, so that an error naming a peer's endpoint ("[10.0.0.3]:41234") can name its node.
 // The host, not the port: Gloo names the far end of the connection, which is the peer's
 // ephemeral port when the peer connected.
 std::string ListenHostKey(int rank) { return "sparsync/gloo-listen-host/" + std::to_string(rank); }
+
+// Each Gloo pair listens on an address of its own, and Gloo's errors name the far pair's
+// ("Read error [127.0.0.1]:17805"): published after the mesh connects, the address that node
+// `from`'s pair toward node `to` listens on names node `from` in node `to`'s errors, also where
+// the nodes share a host.
+std::string PairAddressKey(int from, int to) {
+  return "sparsync/gloo-pair/" + std::to_string(from) + "/" + std::to_string(to);
+}
+
+// Whether `text` holds `endpoint` ("[host]:port") not followed by another digit of a port.
+bool NamesEndpoint(const std::string& text, const std::string& endpoint) {
+  for (size_t at = text.find(endpoint); at != std::string::npos;
+       at = text.find(endpoint, at + 1)) {
+    const size_t end = at + endpoint.size();
+    if (end == text.size() || !std::isdigit(static_cast<unsigned char>(text[end]))) return true;
+  }
+  return false;
+}
+
+// A socket's address as Gloo writes it, or "" when it has none of the IP kinds.
+std::string SocketAddress(int fd, bool peer) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  auto* addr = reinterpret_cast<sockaddr*>(&ss);
+  if ((peer ? getpeername(fd, addr, &len) : getsockname(fd, addr, &len)) != 0) return "";
+  if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return "";
+  return gloo::transport::tcp::Address(ss).str();
+}
+
+// Duplicates of this node's Gloo sockets, for Abort to shut down: the descriptors that are
+// sockets (told by their /proc link, which touches no descriptor) whose local address is one of
+// this node's pairs' (a pair's connection runs from its own address) or whose far end is a peer's
+// pair toward this node. Each is checked again on its duplicate: a descriptor another thread
+// closed and reused in between is not kept. Gloo gives no access to its pairs' descriptors.
+std::vector<int> HoldConnections(const std::vector<std::string>& own_pairs,
+                                 const std::vector<std::string>& peer_pairs) {
+  std::set<std::string> own(own_pairs.begin(), own_pairs.end());
+  std::set<std::string> theirs(peer_pairs.begin(), peer_pairs.end());
+  own.erase("");
+  theirs.erase("");
+  auto ours = [&](int fd) {
+    const std::string local = SocketAddress(fd, /*peer=*/false);
+    if (local.empty()) return false;
+    return own.count(local) > 0 || theirs.count(SocketAddress(fd, /*peer=*/true)) > 0;
+  };
+  std::vector<int> held;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code link_error;
+    const std::filesystem::path target = std::filesystem::read_symlink(entry.path(), link_error);
+    if (link_error || !target.native().starts_with("socket:")) continue;
+    const int fd = std::atoi(entry.path().filename().c_str());
+    if (!ours(fd)) continue;
+    const int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) continue;
+    if (ours(dup)) {
+      held.push_back(dup);
+    } else {
+      close(dup);
+    }
+  }
+  return held;
+}
 
 // Gloo's messages start with the source location "[.../pair.cc:589] ": not for users.
 std::string WithoutLocation(std::string text) {
@@ -80,7 +152,8 @@ std::string WithoutLocation(std::string text) {
 Result<std::unique_ptr<GlooTransport>> GlooTransport::Create(int rank, int size,
                                                               const std::string& listen,
                                                               RendezvousStore* store,
-                                                              std::chrono::milliseconds timeout) {
+                                                              std::chrono::milliseconds timeout,
+                                                              std::chrono::milliseconds unnamed_wait) {
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = listen;
@@ -90,12 +163,28 @@ Result<std::unique_ptr<GlooTransport>> GlooTransport::Create(int rank, int size,
     StoreAdapter adapter(store, timeout);
     context->connectFullMesh(adapter, device);
     SPARSYNC_RETURN_IF_ERROR(store->Set(ListenHostKey(rank), listen));
+    std::vector<std::string> own(size);
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      own[r] = context->getPair(r)->address().str();
+      SPARSYNC_RETURN_IF_ERROR(store->Set(PairAddressKey(rank, r), own[r]));
+    }
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back(ListenHostKey(r));
-    SPARSYNC_ASSIGN_OR_RETURN(std::vector<std::string> peers, store->Get(keys, timeout));
+    for (int r = 0; r < size; ++r) {
+      if (r != rank) keys.push_back(PairAddressKey(r, rank));
+    }
+    SPARSYNC_ASSIGN_OR_RETURN(std::vector<std::string> values, store->Get(keys, timeout));
+    std::vector<std::string> peers(values.begin(), values.begin() + size);
+    std::vector<std::string> theirs(size);
+    for (int r = 0, i = size; r < size; ++r) {
+      if (r != rank) theirs[r] = values[i++];
+    }
     peers[rank].clear();
+    std::vector<int> connections = HoldConnections(own, theirs);
     return std::unique_ptr<GlooTransport>(
-        new GlooTransport(rank, size, context, std::move(peers)));
+        new GlooTransport(rank, size, context, std::move(peers), std::move(own),
+                          std::move(theirs), std::move(connections), unnamed_wait));
   } catch (const std::exception& e) {
     return Unavailable(std::string("connecting the Gloo mesh from ") + listen +
                        " (SPARSYNC_LISTEN) failed: " + e.what());
@@ -103,13 +192,30 @@ Result<std::unique_ptr<GlooTransport>> GlooTransport::Create(int rank, int size,
 }
 
 GlooTransport::GlooTransport(int rank, int size, std::shared_ptr<gloo::Context> context,
-                             std::vector<std::string> peer_hosts)
+                             std::vector<std::string> peer_hosts,
+                             std::vector<std::string> own_pairs,
+                             std::vector<std::string> peer_pairs,
+                             std::vector<int> connections,
+                             std::chrono::milliseconds unnamed_wait)
     : rank_(rank),
       size_(size),
       context_(std::move(context)),
-      peer_hosts_(std::move(peer_hosts)) {}
+      peer_hosts_(std::move(peer_hosts)),
+      own_pairs_(std::move(own_pairs)),
+      peer_pairs_(std::move(peer_pairs)),
+      connections_(std::move(connections)),
+      unnamed_wait_(unnamed_wait) {}
 
-GlooTransport::~GlooTransport() = default;
+GlooTransport::~GlooTransport() {
+  // Closing the pairs waits for Gloo's device thread, which may still signal the buffers of
+  // operations that failed (see Failed): only then are those freed.
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) context_->getPair(r)->close();
+  }
+  for (const int fd : connections_) close(fd);
+  std::lock_guard lock(mu_);
+  failed_in_flight_.clear();
+}
 
 void GlooTransport::Abort(const Status& reason) {
   {
@@ -118,20 +224,31 @@ void GlooTransport::Abort(const Status& reason) {
     aborted_ = reason.ok() ? Aborted("transport aborted") : reason;
   }
   aborted_cv_.notify_all();
-  // Closing every pair fails what the peers exchange with this node at once; they abort in turn
-  // (the job failed), and their closing ends a collective of this node blocked on them. What
-  // Gloo 0.0~git20220518 cannot do: wake this node's own collective when this node closes first
-  // (close() wakes no waiter, and the call that would, tcp::Pair::signalExceptionExternal, is in
-  // a header Debian's libgloo-dev cannot compile: it lacks gloo/common/memory.h). That waiter
-  // then ends when a peer's end closes, or at the Gloo timeout.
+  // Shutting this node's connections down fails what is pending on them, here and on the peers,
+  // at once: Gloo's device thread reads the end of each stream and fails the operations waiting
+  // on that pair, so a collective of this node blocked on a peer ends too, also when the peer
+  // aborted as well (both ends closing first left both waiting for the Gloo timeout: the close()
+  // of Gloo 0.0~git20220518 wakes no waiter, and the call that would,
+  // tcp::Pair::signalExceptionExternal, is in a header Debian's libgloo-dev cannot compile). The
+  // pairs themselves close with the transport. Without the sockets (no /proc), closing the pairs
+  // is what is left: it fails the peers' waits, not this node's own.
+  if (!connections_.empty()) {
+    for (const int fd : connections_) shutdown(fd, SHUT_RDWR);
+    return;
+  }
   for (int r = 0; r < size_; ++r) {
     if (r != rank_) context_->getPair(r)->close();
   }
 }
 
 int GlooTransport::NamedPeer(const std::string& gloo_error) const {
-  // The node whose host the error names, when only one peer listens on that host (the nodes
-  // of a real cluster; simulated nodes sharing an address cannot be told apart this way).
+  // The node whose pair the error names; else the node whose host it names, when only one peer
+  // listens on that host.
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && !peer_pairs_[r].empty() && NamesEndpoint(gloo_error, peer_pairs_[r])) {
+      return r;
+    }
+  }
   int match = -1, matches = 0;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_ || peer_hosts_[r].empty()) continue;
@@ -158,7 +275,8 @@ Status GlooTransport::Failed(const std::string& what, const std::exception& e,
     std::unique_lock lock(mu_);
     failed_in_flight_.push_back(std::move(in_flight));
     if (aborted_.ok()) {
-      const auto grace = NamedPeer(e.what()) >= 0 ? kVerdictGrace : kUnnamedVerdictGrace;
+      const std::chrono::milliseconds grace =
+          NamedPeer(e.what()) >= 0 ? std::chrono::milliseconds(kVerdictGrace) : unnamed_wait_;
       aborted_cv_.wait_for(lock, grace, [&] { return !aborted_.ok(); });
     }
     if (!aborted_.ok()) return aborted_;

@@ -16,11 +16,15 @@ victim = int(os.environ["KILL_RANK"])
 result = {"rank": r, "pid": os.getpid()}
 with open(os.path.join(os.environ["OUT_DIR"], "pid%d" % r), "w") as f:
     f.write(str(os.getpid()))
+# Timed from step 2: a survivor may hear of the death while it still waits for step 2's results
+# (the victim's node had them and went on; the abort closed the connections with its last message
+# to this node unread).
 start = None
 try:
     for step in range(1000):
-        if step == 3:
+        if step == 2:
             start = time.monotonic()
+        if step == 3:
             if r == victim:
                 # Post one tensor of the step, then die before the other.
                 hvd.allreduce_async(torch.ones(10), name="a")

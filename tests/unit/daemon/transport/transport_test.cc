@@ -261,5 +261,94 @@ TEST(GlooFailureTest, ABrokenConnectionReportsTheJobsReasonWhenItComes) {
   EXPECT_EQ(got.message(), "tensor 'w' differs across nodes");
 }
 
+// A node's own Abort ends its collective blocked on a peer that never joins, with the reason,
+// instead of leaving it to the Gloo timeout (20 s here).
+TEST(GlooFailureTest, AbortEndsThisNodesOwnWaitingCollective) {
+  auto cluster = Cluster(Backend::kGloo, 2);
+  Status got;
+  const auto start = Clock::now();
+  std::thread waiting([&] {
+    std::vector<float> x(1000, 1.0f);
+    got = cluster[0]->AllReduceSum(x.data(), x.size(), ElementType::kFloat32, 1);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  cluster[0]->Abort(Aborted("the job failed on node 0"));
+  waiting.join();
+  EXPECT_LT(SecondsSince(start), 5.0) << "waited for the Gloo timeout";
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.message(), "the job failed on node 0");
+}
+
+// Both nodes wait in collectives the other is not in (different tags) and both abort, as every
+// node does when the job's verdict reaches it: neither is left waiting for the other's close.
+TEST(GlooFailureTest, TwoNodesThatAbortTogetherBothEndTheirCollectives) {
+  auto cluster = Cluster(Backend::kGloo, 2);
+  std::vector<Status> got(2);
+  const auto start = Clock::now();
+  OnEachRank(cluster, [&](int r, Transport& t) {
+    std::thread abort_soon([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      t.Abort(Aborted("verdict"));
+    });
+    std::vector<float> x(1000, 1.0f);
+    got[r] = t.AllReduceSum(x.data(), x.size(), ElementType::kFloat32, 10 + r);
+    abort_soon.join();
+  });
+  EXPECT_LT(SecondsSince(start), 5.0) << "waited for the Gloo timeout";
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(got[r].ok()) << r;
+    EXPECT_EQ(got[r].message(), "verdict") << r;
+  }
+}
+
+// Gloo's errors name the far pair's own address; each node knows which node's pair that is, so
+// the error can name the node even where every node listens on the same host. Best effort: in
+// about one run in three here (25 of 80), node 0's error names a port that is none of the pairs'
+// (Debian's Gloo 0.0~git20220518) and is reported unnamed after the unnamed wait (in the daemon
+// the coordinator's verdict names the lost node then); node 1's named node 2 in 80 of 80. What
+// must hold: both survivors end well before the Gloo timeout, every error that names a node
+// names node 2 (both survivors wait on it in the ring), and at least one does.
+TEST(GlooFailureTest, APeerSharingTheHostIsNamedByItsPair) {
+  MemoryStore store;
+  std::vector<std::unique_ptr<GlooTransport>> cluster(3);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        auto t = GlooTransport::Create(r, 3, "127.0.0.1", &store, std::chrono::seconds(20),
+                                       std::chrono::seconds(2));
+        ASSERT_TRUE(t.ok()) << t.status().ToString();
+        cluster[r] = std::move(*t);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  std::vector<Status> got(3);
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      if (r == 2) {  // stands for a daemon that died: its connections end
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        cluster[2]->Abort(Aborted("gone"));
+        return;
+      }
+      std::vector<float> x(100000, 1.0f);
+      got[r] = cluster[r]->AllReduceSum(x.data(), x.size(), ElementType::kFloat32, 1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LT(SecondsSince(start), 10.0) << "waited for the Gloo timeout";
+  int named_2 = 0;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(got[r].ok()) << r;
+    const std::string& m = got[r].message();
+    if (m.find("the connection to node") == std::string::npos) continue;  // unnamed
+    EXPECT_NE(m.find("the connection to node 2"), std::string::npos) << m;
+    ++named_2;
+  }
+  EXPECT_GE(named_2, 1);
+}
+
 }  // namespace
 }  // namespace sparsync::transport
