@@ -158,7 +158,11 @@ Status Session::WaitUntil(Lock& lock, const std::function<bool()>& satisfied,
       return timeout();
     }
     if (!e.ok) {
+      // A daemon that closes with our messages unread resets the connection, and the kernel
+      // reports the reset before the datagrams still queued here: its reason may be among them.
+      if (e.closed) DrainQueued();
       MarkBroken(e.message, e.closed);
+      if (satisfied()) break;  // what was awaited arrived before the end: the caller reads it
       return Broken();
     }
     Dispatch(buf, n, &fds);

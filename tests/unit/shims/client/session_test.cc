@@ -3,6 +3,7 @@
 // protocol version named as such.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -120,20 +121,38 @@ TEST_F(SessionTest, TheJobsFailureEndsEveryWait) {
   EXPECT_EQ(sparsync_wait_done(client_, a, 30.0), SPARSYNC_ERR_ABORTED);
 }
 
+// A listening socket at a fresh path, for a raw daemon that answers the handshake by hand.
+class RawDaemon {
+ public:
+  RawDaemon() {
+    char tmpl[] = "/tmp/sparsync-raw-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    path_ = dir_ + "/d.sock";
+    listener_ = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(listen(listener_, 1), 0);
+  }
+  ~RawDaemon() {
+    close(listener_);
+    std::filesystem::remove_all(dir_);
+  }
+  int Accept() const { return accept(listener_, nullptr, nullptr); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string dir_, path_;
+  int listener_ = -1;
+};
+
 // D12: a daemon of another version answers the handshake in its own version; the client says so
 // instead of calling the reply malformed.
 TEST(SessionVersionTest, ADaemonOfAnotherVersionIsNamedAsSuch) {
-  char tmpl[] = "/tmp/sparsync-version-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
-  const std::string path = dir + "/d.sock";
-  int listener = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(listener, 1), 0);
+  RawDaemon daemon;
   std::thread other_version([&] {
-    int fd = accept(listener, nullptr, nullptr);
+    int fd = daemon.Accept();
     char hello[sizeof(sparsync_hello)];
     (void)!recv(fd, hello, sizeof(hello), 0);
     sparsync_hello_reply reply{};
@@ -144,13 +163,39 @@ TEST(SessionVersionTest, ADaemonOfAnotherVersionIsNamedAsSuch) {
   });
   sparsync_client* client = nullptr;
   char error[1024] = "";
-  EXPECT_EQ(sparsync_connect(path.c_str(), "t", 0, 5.0, &client, error, sizeof(error)),
+  EXPECT_EQ(sparsync_connect(daemon.path().c_str(), "t", 0, 5.0, &client, error, sizeof(error)),
             SPARSYNC_ERR_UNAVAILABLE);
   other_version.join();
   EXPECT_THAT(std::string(error),
               HasSubstr("intake protocol version " + std::to_string(SPARSYNC_INTAKE_VERSION + 1)));
-  close(listener);
-  std::filesystem::remove_all(dir);
+}
+
+// A daemon that answers and closes while the worker's message is still unread in its queue
+// resets the connection; Linux reports the reset on the worker's next receive before the answer
+// queued ahead of it (a SIGTERM'd daemon's "shutting down" was lost this way). The worker still
+// reads the daemon's answer.
+TEST(SessionResetTest, TheAnswerQueuedBeforeAResetIsRead) {
+  RawDaemon daemon;
+  std::thread refuser([&] {
+    int fd = daemon.Accept();
+    pollfd p{fd, POLLIN, 0};
+    ASSERT_EQ(poll(&p, 1, 5000), 1) << "no HELLO arrived";  // left unread on purpose
+    sparsync_hello_reply reply{};
+    intake::FillHeader(&reply.header, SPARSYNC_MSG_HELLO_REPLY, sizeof(reply));
+    reply.status = SPARSYNC_ERR_PERMISSION;
+    std::strncpy(reply.message, "wrong job token", sizeof(reply.message) - 1);
+    (void)!send(fd, &reply, sizeof(reply), 0);
+    close(fd);
+  });
+  sparsync_client* client = nullptr;
+  char error[1024] = "";
+  // The worker, woken by the answer, mostly reads after the close (the reset first); when it is
+  // quicker, it reads the answer the ordinary way. Either way it must report the refusal.
+  EXPECT_EQ(sparsync_connect(daemon.path().c_str(), "t", 0, 5.0, &client, error, sizeof(error)),
+            SPARSYNC_ERR_PERMISSION)
+      << error;
+  refuser.join();
+  EXPECT_THAT(std::string(error), HasSubstr("refused this worker: wrong job token"));
 }
 
 }  // namespace
