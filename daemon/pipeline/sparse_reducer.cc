@@ -41,8 +41,15 @@ int64_t FirstNonFinite(std::span<const float> x) {
   return -1;
 }
 
-// The first element at which the sum of `in` (element by element, in order, as SumInto adds
-// them) is not finite, or -1; *value gets that sum.
+// Element j summed over the node's workers, added in worker order as SumInto adds them.
+float WorkersSum(LocalBuffers in, size_t j) {
+  float sum = in[0][j];
+  for (size_t w = 1; w < in.size(); ++w) sum += in[w][j];
+  return sum;
+}
+
+// The first element at which the sum of `in` (WorkersSum) is not finite, or -1; *value gets that
+// sum.
 int64_t FirstNonFiniteSum(LocalBuffers in, size_t count, float* value) {
   if (in.size() == 1) {
     const int64_t at = FirstNonFinite(in[0]);
@@ -50,8 +57,7 @@ int64_t FirstNonFiniteSum(LocalBuffers in, size_t count, float* value) {
     return at;
   }
   for (size_t j = 0; j < count; ++j) {
-    float sum = in[0][j];
-    for (size_t w = 1; w < in.size(); ++w) sum += in[w][j];
+    const float sum = WorkersSum(in, j);
     if (!std::isfinite(sum)) {
       *value = sum;
       return static_cast<int64_t>(j);
@@ -75,8 +81,7 @@ void AddLocalSum(LocalBuffers in, bool fresh, std::span<float> residual) {
     return;
   }
   for (size_t j = 0; j < count; ++j) {
-    float sum = in[0][j];
-    for (size_t w = 1; w < in.size(); ++w) sum += in[w][j];
+    const float sum = WorkersSum(in, j);
     r[j] = fresh ? sum : r[j] + sum;
   }
 }
