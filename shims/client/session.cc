@@ -118,10 +118,7 @@ Status Session::Send(const void* msg, size_t bytes) {
   if (broken_) return Broken();
   IoError e = SendDatagram(fd_, msg, bytes);
   if (!e.ok) {
-    // The daemon closed the connection: what it sent before (its reason, as a job error) is
-    // still queued here unless a waiting thread is receiving it now.
-    if (e.closed && !reading_) DrainQueued();
-    MarkBroken(e.message, e.closed);
+    Lose(e);
     return Broken();
   }
   return Status::Ok();
@@ -158,16 +155,18 @@ Status Session::WaitUntil(Lock& lock, const std::function<bool()>& satisfied,
       return timeout();
     }
     if (!e.ok) {
-      // A daemon that closes with our messages unread resets the connection, and the kernel
-      // reports the reset before the datagrams still queued here: its reason may be among them.
-      if (e.closed) DrainQueued();
-      MarkBroken(e.message, e.closed);
+      Lose(e);
       if (satisfied()) break;  // what was awaited arrived before the end: the caller reads it
       return Broken();
     }
     Dispatch(buf, n, &fds);
   }
   return Status::Ok();
+}
+
+void Session::Lose(const IoError& e) {
+  if (e.closed && !reading_) DrainQueued();
+  MarkBroken(e.message, e.closed);
 }
 
 void Session::DrainQueued() {

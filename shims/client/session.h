@@ -99,8 +99,13 @@ class Session {
   Status WaitUntil(Lock& lock, const std::function<bool()>& satisfied, Clock::time_point deadline,
                    double timeout_s, const std::string& what);
   void Dispatch(const char* buf, size_t n, ReceivedFds* fds);
-  // Applies the messages already queued on the socket, without waiting (after a failed send).
+  // Applies the messages already queued on the socket, without waiting.
   void DrainQueued();
+  // A send or receive failed with `e`: marks the connection lost, after applying what the daemon
+  // sent before it closed (its reason, as a job error) unless a waiting thread is receiving it.
+  // A daemon that closes with our messages unread resets the connection, and the kernel reports
+  // the reset before the datagrams still queued here.
+  void Lose(const IoError& e);
   // The registered tensor `id` for call `what`; INVALID when it is not registered.
   Status Find(uint32_t id, const char* what, Tensor** out);
   // INVALID unless the tensor's memory kind matches the call: CUDA tensors use the _cuda calls.
