@@ -29,7 +29,9 @@ Sparse modes also get SPARSYNC_DENSITY (--density), SPARSYNC_DENSITY_WARMUP_STEP
 (--min-compress-bytes, default 0: every group is sparsified, as in the paper) and every
 sparsync mode SPARSYNC_PLAN_WARMUP_STEPS (--plan-warmup-steps), and the dilated timers
 SPARSYNC_CYCLE_MS (--cycle-ms x D), SPARSYNC_TIMEOUT_S and SPARSYNC_STALL_WARN_S (x D).
-Sparsification is the real CPU top-k (the daemon's, torch.topk for hvd_topk) under dilation.
+Sparsification is the real CPU top-k (the daemon's, torch.topk for hvd_topk) under dilation;
+with --select-cost C the daemons' selection of n elements is padded to C x n log2 n modelled
+seconds (SPARSYNC_EMULATE_SELECT_COST = C x D), a fitted GPU cost.
 With --timeline each daemon also writes its timeline into the run's directory;
 timeline_steps.py lines up the groups of the last steps from those files.
 
@@ -70,6 +72,15 @@ SPARSIFICATION = ("real CPU top-k under dilation (sparsync: the daemon's topk; h
                   "torch.topk); no GPU cost injected")
 
 
+def sparsification(args):
+    """How the run models sparsification, for the results' meta block."""
+    if not getattr(args, "select_cost", 0):
+        return SPARSIFICATION
+    return ("fitted GPU cost injected: the daemons' top-k of n elements padded to %g x n log2 n "
+            "modelled s (SPARSYNC_EMULATE_SELECT_COST, x D); hvd_topk: torch.topk, not padded"
+            % args.select_cost)
+
+
 class Interrupted(Exception):
     pass
 
@@ -90,6 +101,8 @@ def mode_env(mode, args, dilation=Dilation(1)):
         return env
     env.update({"SPARSYNC_COMPRESSOR": "topk", "SPARSYNC_DENSITY": str(args.density),
                 "SPARSYNC_MIN_COMPRESS_BYTES": str(args.min_compress_bytes)})
+    if getattr(args, "select_cost", 0):
+        env["SPARSYNC_EMULATE_SELECT_COST"] = "%g" % dilation.wall(args.select_cost)
     if getattr(args, "density_warmup_steps", 0):
         env["SPARSYNC_DENSITY_WARMUP_STEPS"] = str(args.density_warmup_steps)
     if mode == "fixed":
@@ -116,7 +129,7 @@ class Harness:
                 "command": shlex.join(sys.argv), "daemon": self.daemon,
                 "network": {"rate": a.rate, "burst": a.burst, "latency": a.latency,
                             "modelled": True},
-                "dilation": a.dilations, "sparsification": SPARSIFICATION,
+                "dilation": a.dilations, "sparsification": sparsification(a),
                 "density": a.density, "time_scale": a.time_scale, "forward": not a.no_forward,
                 "warmup": a.warmup, "peer_warmup": a.peer_warmup, "iters": a.iters,
                 "plan_warmup_steps": a.plan_warmup_steps,

@@ -56,6 +56,12 @@ def parse_args(argv, description=""):
     p.add_argument("--cycle-ms", type=float, default=1.0,
                    help="the daemons' batching window in modelled ms (SPARSYNC_CYCLE_MS = "
                         "this x D; default 1, the daemon's default)")
+    p.add_argument("--select-cost", type=float, default=0.0,
+                   help="model a GPU's selection: the daemons' top-k of a group of n elements "
+                        "lasts at least this x n log2 n modelled seconds "
+                        "(SPARSYNC_EMULATE_SELECT_COST = this x D; OMGS-SGD's fit of a GPU "
+                        "top-k is 2.19e-10). Default 0: the real CPU top-k under dilation. "
+                        "hvd_topk's torch.topk is not padded")
     p.add_argument("--powersgd-rank", type=int, default=4,
                    help="mode ddp_powersgd: PowerSGD's matrix approximation rank (default 4)")
     p.add_argument("--time-scale", type=float, default=1.0,

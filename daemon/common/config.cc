@@ -50,7 +50,11 @@ std::string Config::Describe() const {
     o << " (density " << density;
     if (density_warmup_steps > 0) o << " after a warm-up of " << density_warmup_steps << " steps";
     o << ", error feedback " << (ErrorFeedback() ? "on" : "off")
-      << ", min " << min_compress_bytes << "B)";
+      << ", min " << min_compress_bytes << "B";
+    if (emulated_select_cost > 0) {
+      o << ", selection padded to " << emulated_select_cost << " s x n log2 n (emulation)";
+    }
+    o << ")";
   }
   o << ", merge ";
   for (size_t i = 0; i < merge.planners.size(); ++i) {

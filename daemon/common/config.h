@@ -60,6 +60,8 @@ struct Config {
   double density = 0.001;               // fraction of elements sent (rho)
   int density_warmup_steps = 0;         // steps of DGC's density schedule first; 0: none
   double threshold = 0;                 // threshold compressor: fixed tau; 0 = sampled quantile
+  // Emulation only: a host selection of x elements lasts at least this * x * log2(x) seconds.
+  double emulated_select_cost = 0;
   int error_feedback = -1;              // -1: the compressor's default (see ErrorFeedback())
   ValueDType value_dtype = ValueDType::kFloat32;
   IndexCoding index_coding = IndexCoding::kDeltaVarint;

@@ -258,6 +258,18 @@ std::vector<Setting> Settings() {
         }
         return Reject(st, v, "accepted values: error, skip");
       });
+  add("emulate-select-cost", "SPARSYNC_EMULATE_SELECT_COST", "0",
+      "emulated clusters only: a host selection of a merge group of n elements lasts at least "
+      "C * n * log2(n) seconds (the daemon waits out the rest), to model a GPU's top-k on a "
+      "CPU; 0: off",
+      [](const Setting& st, const std::string& v, Config* c) {
+        auto n = ParseNumber(v);
+        if (!n.ok() || !(*n >= 0) || *n > 1e-3) {
+          return Reject(st, v, "expected a number of seconds in [0, 1e-3]");
+        }
+        c->emulated_select_cost = *n;
+        return Status::Ok();
+      });
   add("seed", "SPARSYNC_SEED", "0", "job seed of the random compressors (same on every node)",
       [](const Setting& st, const std::string& v, Config* c) {
         auto n = ParseInteger(v);

@@ -3,8 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "daemon/pipeline/dense_math.h"
 #include "daemon/pipeline/gtopk.h"
@@ -166,6 +168,7 @@ bool SparseReducer::UsesAllGather() const {
 }
 
 Status SparseReducer::Select(uint64_t step, uint32_t group_id, PreparedGroup* prepared) {
+  const auto started = std::chrono::steady_clock::now();
   const std::vector<float>& work = prepared->work;
   const int64_t n = prepared->in_place ? kernels::TotalElements<const float>(prepared->pieces)
                                        : static_cast<int64_t>(work.size());
@@ -189,6 +192,13 @@ Status SparseReducer::Select(uint64_t step, uint32_t group_id, PreparedGroup* pr
   if (!st.ok()) return Internal("sparsifying: " + st.message());
   prepared->indices.resize(static_cast<size_t>(out.k));
   prepared->values.resize(static_cast<size_t>(out.k));
+  if (config_.emulated_select_cost > 0 && n > 1) {
+    // SPARSYNC_EMULATE_SELECT_COST: the selection lasts as long as the modelled GPU's would
+    // (e.g. OMGS-SGD's fit of a GPU top-k, 2.19e-10 * n * log2 n s); the CPU's own time counts.
+    const double seconds =
+        config_.emulated_select_cost * static_cast<double>(n) * std::log2(static_cast<double>(n));
+    std::this_thread::sleep_until(started + std::chrono::duration<double>(seconds));
+  }
   return Status::Ok();
 }
 

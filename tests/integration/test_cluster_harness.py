@@ -208,6 +208,17 @@ def test_density_warmup_reaches_the_sparse_daemons_and_prices_each_density(tmp_p
         (10 * 40 + 5 * 20) / 1000.0)
 
 
+def test_select_cost_pads_the_sparse_daemons_selection_in_wall_time():
+    lines = dry_run("--nodes", "2", "--models", "resnet20_flops", "--modes", "dense,optimal",
+                    "--dilation", "20", "--select-cost", "2.19e-10")
+    daemons = [_env_of(line) for line in lines if line.split(" > ")[0].endswith("sparsyncd")]
+    assert len(daemons) == 4
+    assert [d.get("SPARSYNC_EMULATE_SELECT_COST") for d in daemons] == [
+        None, None, "4.38e-09", "4.38e-09"]  # x D; the dense daemons select nothing
+    plain = dry_run("--nodes", "2", "--models", "resnet20_flops", "--modes", "optimal")
+    assert not any("SPARSYNC_EMULATE_SELECT_COST" in line for line in plain)
+
+
 def test_dry_run_sweeps_dilations_one_network_each():
     lines = dry_run("--nodes", "2", "--models", "resnet20_flops", "--modes", "single",
                     "--dilation", "1,3,10")

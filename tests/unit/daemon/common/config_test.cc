@@ -172,6 +172,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadValue{"SPARSYNC_INDEX_CODING", "zip", "raw, delta"},
                       BadValue{"SPARSYNC_MIN_COMPRESS_BYTES", "lots", "byte count"},
                       BadValue{"SPARSYNC_NONFINITE", "ignore", "error, skip"},
+                      BadValue{"SPARSYNC_EMULATE_SELECT_COST", "-1e-10", "[0, 1e-3]"},
+                      BadValue{"SPARSYNC_EMULATE_SELECT_COST", "nan", "[0, 1e-3]"},
                       BadValue{"SPARSYNC_MERGE", "fixed:-3", "fixed:BYTES"},
                       BadValue{"SPARSYNC_MERGE", "bogus", "fixed:BYTES"},
                       BadValue{"SPARSYNC_NUM_NODES", "0", "[1, 65536]"},
@@ -188,6 +190,13 @@ TEST(ConfigTest, ErrorFeedbackDefaultsFollowTheCompressor) {
   EXPECT_FALSE(Parse({"--compressor", "dgc"}).config.ErrorFeedback());
   EXPECT_TRUE(Parse({"--compressor", "wangni"}, {{"SPARSYNC_ERROR_FEEDBACK", "1"}}).config.ErrorFeedback());
   EXPECT_FALSE(Parse({"--compressor", "topk", "--error-feedback", "0"}).config.ErrorFeedback());
+}
+
+TEST(ConfigTest, TheEmulatedSelectionCostIsOffUnlessSet) {
+  EXPECT_EQ(Parse({}).config.emulated_select_cost, 0);
+  EXPECT_DOUBLE_EQ(
+      Parse({}, {{"SPARSYNC_EMULATE_SELECT_COST", "2.19e-10"}}).config.emulated_select_cost,
+      2.19e-10);
 }
 
 TEST(ConfigTest, NodeRankMustBeBelowNodeCount) {

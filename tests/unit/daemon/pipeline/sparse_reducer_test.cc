@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -503,6 +504,38 @@ TEST(SparseReducerNonFiniteTest, ErrorNamesTheTensorAndNode) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("layer.bias"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("node 0"), std::string::npos) << st.message();
+}
+
+// SPARSYNC_EMULATE_SELECT_COST pads a selection to C * n * log2 n seconds and changes nothing
+// else: the same selection, the same payload.
+TEST(SparseReducerEmulatedCostTest, ASelectionLastsTheModelledTimeAndSelectsTheSame) {
+  constexpr double kModelled = 0.25;  // seconds, far above what 4000 elements take
+  auto prepare = [&](double cost, PreparedGroup* prepared) {
+    Config c;
+    c.compressor = Compressor::kTopK;
+    c.density = 0.01;
+    c.emulated_select_cost = cost;
+    auto hub = std::make_shared<transport::LoopbackHub>(1);
+    transport::LoopbackTransport t(hub, 0);
+    auto reducer = SparseReducer::Create(c, 0, 1, &t);
+    EXPECT_TRUE(reducer.ok());
+    const std::vector<float> g = Gradient(0, 1);
+    const auto start = std::chrono::steady_clock::now();
+    Status st = (*reducer)->Prepare(kSlices, g, 1, 1, prepared);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  PreparedGroup plain, padded;
+  const double n = static_cast<double>(kNumel);
+  const double plain_s = prepare(0, &plain);
+  const double padded_s = prepare(kModelled / (n * std::log2(n)), &padded);
+  EXPECT_GE(padded_s, kModelled);
+  EXPECT_LT(plain_s, kModelled);
+  EXPECT_EQ(padded.indices, plain.indices);
+  EXPECT_EQ(padded.values, plain.values);
+  ASSERT_EQ(padded.payload_bytes, plain.payload_bytes);
+  EXPECT_TRUE(std::equal(padded.payload.begin(), padded.payload.begin() + padded.payload_bytes,
+                         plain.payload.begin()));
 }
 
 // The in-place reduction writes a residual outside the state's lock between OpenResidual and
