@@ -21,11 +21,11 @@ void CoordinatorCore::Start() {
     NameThisThread("ssd-coord-timer");
     std::unique_lock lock(mu_);
     while (!stopping_) {
-      auto next = state_.NextDeadline();
-      if (next) {
-        changed_.wait_until(lock, *next);
+      timer_deadline_ = state_.NextDeadline();
+      if (timer_deadline_) {
+        timer_cv_.wait_until(lock, *timer_deadline_);
       } else {
-        changed_.wait_for(lock, std::chrono::seconds(1));
+        timer_cv_.wait_for(lock, std::chrono::seconds(1));
       }
       if (stopping_) break;
       lock.unlock();
@@ -41,6 +41,8 @@ void CoordinatorCore::Stop() {
     stopping_ = true;
   }
   changed_.notify_all();
+  schedule_grew_.notify_all();
+  timer_cv_.notify_all();
   if (timer_.joinable()) timer_.join();
 }
 
@@ -61,15 +63,13 @@ void CoordinatorCore::RecordGroupCost(uint64_t elements, bool sparse, double spa
 
 void CoordinatorCore::RunOnce() {
   std::vector<std::string> warnings, notes;
-  uint64_t before, after;
   {
     std::lock_guard lock(mu_);
-    before = state_.last_seq();
+    const uint64_t before = state_.last_seq();
     warnings = state_.Tick(Clock::now());
-    after = state_.last_seq();
+    if (state_.last_seq() != before) schedule_grew_.notify_all();
     notes = state_.TakeLog();
   }
-  if (after != before) changed_.notify_all();
   for (const auto& w : warnings) {
     spdlog::warn("stall: {}", w);
     if (observer_) observer_->OnIncident(observe::Incident::kStall, w);
@@ -113,6 +113,7 @@ Status CoordinatorCore::Join(const JoinInfo& info, std::chrono::milliseconds tim
     joined_[info.node_rank] = true;
     ++joined_count_;
     state_.Polled(info.node_rank, 0, Clock::now());
+    WakeFor(state_.last_seq());  // the node's liveness deadline, for the timer
     changed_.notify_all();
   }
   bool all = changed_.wait_for(lock, timeout, [&] {
@@ -165,16 +166,16 @@ Result<std::vector<uint32_t>> CoordinatorCore::Report(int node,
   {
     std::lock_guard lock(mu_);
     const auto now = Clock::now();
+    const uint64_t before = state_.last_seq();
     result = state_.Report(node, new_tensors, ready, now);
     for (int32_t rank : joined) {
       if (!result.ok()) break;
       if (Status st = state_.Joined(node, rank, now); !st.ok()) result = st;
     }
+    WakeFor(before);
     notes = state_.TakeLog();
   }
   Note(notes);
-  // Wake pollers for new entries, and the timer for a new batch deadline.
-  changed_.notify_all();
   return result;
 }
 
@@ -182,7 +183,7 @@ Result<std::vector<ScheduleEntry>> CoordinatorCore::Poll(int node, uint64_t afte
                                                          std::chrono::milliseconds wait) {
   std::unique_lock lock(mu_);
   state_.Polled(node, after_seq, Clock::now());
-  changed_.wait_for(lock, wait, [&] { return stopping_ || state_.last_seq() > after_seq; });
+  schedule_grew_.wait_for(lock, wait, [&] { return stopping_ || state_.last_seq() > after_seq; });
   if (stopping_ && state_.last_seq() <= after_seq) {
     return Unavailable("the coordinator is shutting down");
   }
@@ -191,21 +192,27 @@ Result<std::vector<ScheduleEntry>> CoordinatorCore::Poll(int node, uint64_t afte
 }
 
 Status CoordinatorCore::Fail(int node, const Status& error) {
-  {
-    std::lock_guard lock(mu_);
-    state_.Fail(node, error);
-  }
-  changed_.notify_all();
+  std::lock_guard lock(mu_);
+  const uint64_t before = state_.last_seq();
+  state_.Fail(node, error);
+  WakeFor(before);
   return Status::Ok();
 }
 
 Status CoordinatorCore::Leave(int node) {
-  {
-    std::lock_guard lock(mu_);
-    state_.Leave(node);
-  }
-  changed_.notify_all();
+  std::lock_guard lock(mu_);
+  const uint64_t before = state_.last_seq();
+  state_.Leave(node);
+  WakeFor(before);
   return Status::Ok();
+}
+
+void CoordinatorCore::WakeFor(uint64_t seq_before) {
+  if (state_.last_seq() != seq_before) schedule_grew_.notify_all();
+  // A deadline the timer does not wait for yet: a batch to flush after the cycle, or the first
+  // deadline of all (the timer waits a second at a time while there is none).
+  const auto next = state_.NextDeadline();
+  if (next && (!timer_deadline_ || *next < *timer_deadline_)) timer_cv_.notify_one();
 }
 
 }  // namespace sparsync::negotiation

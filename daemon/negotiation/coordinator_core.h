@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "daemon/negotiation/coordinator_link.h"
@@ -56,13 +57,22 @@ class CoordinatorCore : public CoordinatorLink {
  private:
   // Logs the planner's notes (each plan once, on node 0) and tells the observer.
   void Note(const std::vector<std::string>& notes);
+  // After a change to the state (REQUIRES: mu_ held): wakes the polls if the schedule grew past
+  // `seq_before`, and the timer if it now has something to do sooner than it waits for.
+  void WakeFor(uint64_t seq_before);
 
   const CoordinatorOptions options_;
   const int local_size_;
   const std::string job_token_;
 
+  // Wakes only the waiters a change is for: every node's poll waits for the schedule to grow, and
+  // a report that did not complete a tensor wakes none of them (each report used to wake every
+  // poll and the timer, P + 1 threads per tensor per node).
   mutable std::mutex mu_;
-  std::condition_variable changed_;  // schedule grew, a node joined, a key was set, or stopping
+  std::condition_variable changed_;        // a node joined, a key was set, or stopping
+  std::condition_variable schedule_grew_;  // the polls: the schedule grew, or stopping
+  std::condition_variable timer_cv_;       // the timer: its deadline moved earlier, or stopping
+  std::optional<Clock::time_point> timer_deadline_;  // what the timer waits for; none: 1 s
   CoordinatorState state_;
   std::vector<bool> joined_;
   int joined_count_ = 0;

@@ -31,7 +31,7 @@ void NodeAgent::Start() {
     NameThisThread("ssd-report");
     std::unique_lock lock(mu_);
     while (true) {
-      cv_.wait(lock, [&] { return stopping_ || !outbox_.empty(); });
+      outbox_cv_.wait(lock, [&] { return stopping_ || !outbox_.empty(); });
       if (stopping_) return;
       std::vector<ReadyTensor> batch(std::make_move_iterator(outbox_.begin()),
                                      std::make_move_iterator(outbox_.end()));
@@ -52,7 +52,9 @@ void NodeAgent::BeginStop() {
     std::lock_guard lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  outbox_cv_.notify_all();
+  inbox_cv_.notify_all();
+  slots_cv_.notify_all();
 }
 
 void NodeAgent::Stop() {
@@ -71,7 +73,7 @@ void NodeAgent::Report(ReadyTensor tensor) {
     SendReports({std::move(tensor)});
     return;
   }
-  cv_.notify_all();
+  outbox_cv_.notify_one();
 }
 
 void NodeAgent::SendReports(std::vector<ReadyTensor> batch) {
@@ -116,7 +118,7 @@ void NodeAgent::SendReports(std::vector<ReadyTensor> batch) {
     }
     reports_in_flight_ -= static_cast<int>(batch.size());
   }
-  cv_.notify_all();
+  slots_cv_.notify_all();
   // kAborted: the job failed already, and the coordinator's fatal entry follows.
   if (!error.ok() && error.code() != StatusCode::kAborted) FailUnreported(error);
 }
@@ -147,7 +149,7 @@ void NodeAgent::PollLoop() {
                                    entries.status().message()));
         return;  // nothing more will come from it
       }
-      cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_; });
+      inbox_cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_; });
       continue;
     }
     failing = false;
@@ -159,7 +161,7 @@ void NodeAgent::PollLoop() {
       e.received_ns = received_ns;
       inbox_.push_back(std::move(e));
     }
-    if (!entries->empty()) cv_.notify_all();
+    if (!entries->empty()) inbox_cv_.notify_all();
   }
 }
 
@@ -175,7 +177,7 @@ void NodeAgent::PushFatal(const Status& error) {
     e.fatal = error;
     inbox_.push_back(std::move(e));
   }
-  cv_.notify_all();
+  inbox_cv_.notify_all();
 }
 
 std::vector<ScheduleEntry> NodeAgent::Next(std::chrono::milliseconds wait) {
@@ -190,7 +192,7 @@ void NodeAgent::NameTensors(std::vector<ScheduleEntry>* entries) {
     for (GroupTensor& t : e.group) {
       auto known = [&] { return name_by_slot_.count(t.slot) > 0; };
       // Bounded by the deadline of the reports in flight; Stop() wakes it.
-      cv_.wait(lock, [&] { return known() || reports_in_flight_ == 0 || stopping_; });
+      slots_cv_.wait(lock, [&] { return known() || reports_in_flight_ == 0 || stopping_; });
       if (!known() && t.meta) {
         // A process set's tensor with no member on this node: the node takes part with nothing
         // of its own (pipeline::TensorTable::Resolve), under the name the coordinator sent.
@@ -273,7 +275,7 @@ std::vector<ScheduleEntry> NodeAgent::Receive(std::chrono::milliseconds wait) {
     return out;
   }
   std::unique_lock lock(mu_);
-  cv_.wait_for(lock, wait, [&] { return stopping_ || !inbox_.empty(); });
+  inbox_cv_.wait_for(lock, wait, [&] { return stopping_ || !inbox_.empty(); });
   while (!inbox_.empty()) {
     out.push_back(std::move(inbox_.front()));
     inbox_.pop_front();

@@ -80,7 +80,12 @@ class NodeAgent {
   observe::Observer* const observer_;
 
   std::mutex mu_;
-  std::condition_variable cv_;  // outbox_, inbox_, the slot maps or stopping_ changed
+  // One condition variable per kind of waiter, so that a change wakes only the thread it is for
+  // (one shared variable woke stage A for every report sent and the reporter for every entry
+  // received). BeginStop notifies all three.
+  std::condition_variable outbox_cv_;  // the reporter: outbox_ or stopping_
+  std::condition_variable inbox_cv_;   // stage A in Receive, the poller's back-off: inbox_ or stopping_
+  std::condition_variable slots_cv_;   // stage A in NameTensors: the slot maps, reports_in_flight_
   std::deque<ReadyTensor> outbox_;
   std::deque<ScheduleEntry> inbox_;
   uint64_t received_seq_ = 0;  // highest seq handed to inbox_ (remote) or to Next (direct)
