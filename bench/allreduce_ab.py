@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Alternating rounds of bench/allreduce_loop.py: one or more sparsyncd builds against the same
+loop on torch.distributed (gloo), N simulated nodes on this machine, so that drift of a shared
+machine hits every side alike. Prints each round and, per size and side, the median time per call
+over the rounds and the median of the per-round ratios to torch.distributed.
+
+    .venv/bin/python bench/allreduce_ab.py [--np 4] [--rounds 4] [--seconds 6] \\
+        [--elements 1048576,4194304,16777216] [--daemon NAME=PATH ...]
+
+Without --daemon the side is build/daemon/sparsyncd (or SPARSYNC_DAEMON); each --daemon adds a
+side run with SPARSYNC_DAEMON=PATH (for example a build of an earlier commit). The load average
+before and after is printed.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LOOP = os.path.join(HERE, "allreduce_loop.py")
+
+
+def per_call_ms(cmd, env):
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    match = re.search(r"(\d+) calls, ([\d.]+) ms per call", out.stdout)
+    if out.returncode != 0 or not match:
+        raise SystemExit("failed: %s\n%s%s" % (" ".join(cmd), out.stdout[-2000:],
+                                               out.stderr[-2000:]))
+    return float(match.group(2))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--np", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--elements", default="1048576,4194304,16777216")
+    ap.add_argument("--daemon", action="append", default=[], metavar="NAME=PATH")
+    args = ap.parse_args()
+    sizes = [int(e) for e in args.elements.split(",")]
+    daemons = [tuple(d.split("=", 1)) for d in args.daemon] or [("sparsync", None)]
+    runner = os.path.join(os.path.dirname(sys.executable), "sparsyncrun")
+    base_env = dict(os.environ, SPARSYNC_COMPRESSOR="none", SPARSYNC_LOG_LEVEL="warn")
+    sides = [name for name, _ in daemons] + ["torch"]
+    times = {(side, n): [] for side in sides for n in sizes}
+    print("load average before %.2f %.2f %.2f" % os.getloadavg(), flush=True)
+    for r in range(args.rounds):
+        for n in sizes:
+            loop_args = ["--elements", str(n), "--seconds", str(args.seconds)]
+            for name, path in daemons:
+                env = dict(base_env, **({"SPARSYNC_DAEMON": os.path.abspath(path)} if path else {}))
+                cmd = [runner, "-np", str(args.np), sys.executable, LOOP] + loop_args
+                times[(name, n)].append(per_call_ms(cmd, env))
+            cmd = [sys.executable, LOOP, "--torch", str(args.np)] + loop_args
+            times[("torch", n)].append(per_call_ms(cmd, base_env))
+            print("round %d, %d elements: %s" % (
+                r + 1, n, ", ".join("%s %.3f ms" % (s, times[(s, n)][-1]) for s in sides)),
+                flush=True)
+    print("load average after %.2f %.2f %.2f" % os.getloadavg())
+    print()
+    print("| float32 elements | bytes |" + "".join(" %s (ms) |" % s for s in sides)
+          + "".join(" %s / torch |" % name for name, _ in daemons))
+    print("|---:|---:|" + "---:|" * (len(sides) + len(daemons)))
+    for n in sizes:
+        row = "| %d | %d |" % (n, 4 * n)
+        row += "".join(" %.3f |" % statistics.median(times[(s, n)]) for s in sides)
+        for name, _ in daemons:
+            ratios = [a / b for a, b in zip(times[(name, n)], times[("torch", n)])]
+            row += " %.2f |" % statistics.median(ratios)
+        print(row)
+    print("\n(medians over %d alternating rounds of %.0f s loops; ratios: median of the "
+          "per-round ratios)" % (args.rounds, args.seconds))
+
+
+if __name__ == "__main__":
+    main()
