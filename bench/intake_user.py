@@ -18,16 +18,12 @@ printed.
 """
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
 
 SIZES = [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
-
-
-def median(values):
-    values = sorted(values)
-    return values[len(values) // 2]
 
 
 def timed(fn, reps):
@@ -38,7 +34,7 @@ def timed(fn, reps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return median(times)
+    return statistics.median(times)
 
 
 def worker(reps):
