@@ -167,7 +167,11 @@ Result<std::vector<uint32_t>> CoordinatorCore::Report(int node,
     std::lock_guard lock(mu_);
     const auto now = Clock::now();
     const uint64_t before = state_.last_seq();
-    result = state_.Report(node, new_tensors, ready, now);
+    // The joins are checked before the rest is applied: an error means nothing of the report
+    // took effect (found by tests/fuzz's coordinator target: a bad rank after good tensors
+    // registered them, and their slots reached the schedule unknown to the node).
+    Status joins = state_.CheckJoins(node, joined);
+    result = joins.ok() ? state_.Report(node, new_tensors, ready, now) : joins;
     for (int32_t rank : joined) {
       if (!result.ok()) break;
       if (Status st = state_.Joined(node, rank, now); !st.ok()) result = st;

@@ -226,16 +226,24 @@ void CoordinatorState::Ready(std::map<uint32_t, Pending>::iterator it, Clock::ti
   for (Batched& r : ready) batch_.push_back(std::move(r));
 }
 
-Status CoordinatorState::Joined(int node, int rank, Clock::time_point now) {
+Status CoordinatorState::CheckJoins(int node, const std::vector<int32_t>& ranks) const {
   if (failed()) return Aborted(fatal_.message());
-  if (node < 0 || node >= options_.num_nodes || rank < node * options_.local_size ||
-      rank >= (node + 1) * options_.local_size) {
-    return InvalidArgument("node " + std::to_string(node) + " reported rank " +
-                           std::to_string(rank) + " joined, which is not one of its ranks");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int rank = ranks[i];
+    if (node < 0 || node >= options_.num_nodes || rank < node * options_.local_size ||
+        rank >= (node + 1) * options_.local_size) {
+      return InvalidArgument("node " + std::to_string(node) + " reported rank " +
+                             std::to_string(rank) + " joined, which is not one of its ranks");
+    }
+    if (joined_[rank] || std::find(ranks.begin(), ranks.begin() + i, rank) != ranks.begin() + i) {
+      return InvalidArgument("rank " + std::to_string(rank) + " joined twice");
+    }
   }
-  if (joined_[rank]) {
-    return InvalidArgument("rank " + std::to_string(rank) + " joined twice");
-  }
+  return Status::Ok();
+}
+
+Status CoordinatorState::Joined(int node, int rank, Clock::time_point now) {
+  SPARSYNC_RETURN_IF_ERROR(CheckJoins(node, {rank}));
   joined_[rank] = true;
   ++joined_count_;
   if (joined_count_ == static_cast<int>(joined_.size())) {

@@ -61,6 +61,10 @@ class CoordinatorState {
   // names the last rank and ends the join. INVALID_ARGUMENT for a rank not on `node`, or one
   // already joined; ABORTED once the job has failed.
   Status Joined(int node, int rank, Clock::time_point now);
+  // Whether Joined() would accept every one of `ranks` from `node`, in order (a rank twice in
+  // `ranks` is one joined twice), changing nothing: a report's joins are checked with the rest of
+  // it before any of it is applied.
+  Status CheckJoins(int node, const std::vector<int32_t>& ranks) const;
 
   // Fails the job (first failure wins). `node` < 0: the coordinator itself.
   void Fail(int node, const Status& error);

@@ -165,6 +165,23 @@ TEST(CoordinatorCoreTest, ShapeMismatchIsOneFatalEntryForEveryNode) {
   EXPECT_TRUE(Contains(later.status().message(), "fc1.weight"));
 }
 
+// A report refused for its joins changes nothing: its tensors get no slot and nothing of it
+// reaches the schedule (found by tests/fuzz's coordinator target, which saw slots the node was
+// never told scheduled after a report with a rank of another node).
+TEST(CoordinatorCoreTest, AReportWithABadJoinIsRefusedWhole) {
+  CoordinatorCore core(Options(1), /*local_size=*/2, kToken);
+  for (const std::vector<int32_t>& joins : {std::vector<int32_t>{2}, {1, 1}, {0, 5}}) {
+    auto refused = core.Report(0, {Meta("fc.weight", {8})}, {NewRef(0)}, joins);
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << joins.size();
+  }
+  EXPECT_TRUE(core.Poll(0, 0, 0ms).value().empty());
+  // The same tensor reported well is the first one the coordinator registers.
+  auto slots = core.Report(0, {Meta("fc.weight", {8})}, {NewRef(0)}, {});
+  ASSERT_TRUE(slots.ok());
+  EXPECT_EQ(slots.value(), std::vector<uint32_t>{1});
+  EXPECT_EQ(core.Poll(0, 0, 0ms).value().size(), 1u);
+}
+
 // One node's Fail reaches every waiting poller; the first failure wins and the schedule ends
 // with exactly one fatal entry whatever follows (another Fail, a Leave).
 TEST(CoordinatorCoreTest, FailFromOneNodeReachesEveryPollerOnce) {
