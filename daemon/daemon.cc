@@ -285,7 +285,8 @@ Status Daemon::StartParts() {
     timeline_->Stop();
     return Status::Ok();
   });
-  handler_->SetJoinReport([this](int rank) { agent_->ReportJoined(rank); });
+  handler_->SetRankReport(
+      [this](negotiation::RankEvent event, int rank) { agent_->ReportRank(event, rank); });
 
   pipeline::ExecutorOptions executor_options;
   executor_options.observer = &observers_;

@@ -18,7 +18,8 @@ WorkerHandler::WorkerHandler(pipeline::World world, std::string job_token, JobFa
       device_(device),
       report_(std::move(report)),
       budget_(budget ? std::move(budget) : std::make_shared<RegionBudget>(0)),
-      workers_(world.local_size) {}
+      workers_(world.local_size),
+      gone_(world.local_size, false) {}
 
 void WorkerHandler::OnHello(const std::shared_ptr<WorkerSession>& session,
                             const sparsync_hello& hello, sparsync_hello_reply* reply) {
@@ -57,9 +58,13 @@ void WorkerHandler::OnHello(const std::shared_ptr<WorkerSession>& session,
   reply->num_nodes = world_.num_nodes;
   reply->local_rank = hello.local_rank;
   reply->local_size = world_.local_size;
-  reply->rank = world_.node_rank * world_.local_size + hello.local_rank;
+  reply->rank = world_.GlobalRank(static_cast<int>(hello.local_rank));
   reply->size = world_.size();
   spdlog::debug("{} connected (global rank {})", session->Describe(world_.node_rank), reply->rank);
+  if (gone_[hello.local_rank]) {  // hvd.init() after hvd.shutdown()
+    gone_[hello.local_rank] = false;
+    if (rank_news_) rank_news_(negotiation::RankEvent::kBack, reply->rank);
+  }
 }
 
 void WorkerHandler::OnRegister(const std::shared_ptr<WorkerSession>& session,
@@ -77,7 +82,7 @@ void WorkerHandler::OnRegister(const std::shared_ptr<WorkerSession>& session,
                                   std::to_string(world_.size()) + " workers"));
   }
   if (!meta->members.empty()) {
-    const int rank = world_.node_rank * world_.local_size + static_cast<int>(session->local_rank);
+    const int rank = world_.GlobalRank(static_cast<int>(session->local_rank));
     if (meta->members.back() >= world_.size()) {
       return refuse(InvalidArgument("tensor '" + meta->name + "' names rank " +
                                     std::to_string(meta->members.back()) +
@@ -163,12 +168,12 @@ Status WorkerHandler::OnJoin(const std::shared_ptr<WorkerSession>& session) {
     AnswerJoined(failed, -1);
     return Status::Ok();
   }
-  const int rank = world_.node_rank * world_.local_size + static_cast<int>(session->local_rank);
+  const int rank = world_.GlobalRank(static_cast<int>(session->local_rank));
   spdlog::debug("{} joined (rank {})", session->Describe(world_.node_rank), rank);
   for (pipeline::ReadyRound& ready : table_->Join(static_cast<int>(session->local_rank))) {
     ReportRound(std::move(ready));
   }
-  if (joined_) joined_(rank);
+  if (rank_news_) rank_news_(negotiation::RankEvent::kJoined, rank);
   return Status::Ok();
 }
 
@@ -220,13 +225,22 @@ Status WorkerHandler::OnUnregister(const std::shared_ptr<WorkerSession>& session
 void WorkerHandler::OnDisconnect(const std::shared_ptr<WorkerSession>& session,
                                  const Status& reason) {
   const pipeline::TensorTable::Departure left = table_->Leave(session);
-  if (workers_[session->local_rank].lock() == session) workers_[session->local_rank].reset();
+  const bool greeted = workers_[session->local_rank].lock() == session;
+  if (greeted) workers_[session->local_rank].reset();
   connected_.fetch_sub(1, std::memory_order_relaxed);
+  // A worker that leaves with nothing in flight ends its part in the job: a collective that
+  // other ranks post later cannot complete, and the coordinator says so at once.
+  auto gone = [&] {
+    if (!greeted) return;
+    gone_[session->local_rank] = true;
+    const int rank = world_.GlobalRank(static_cast<int>(session->local_rank));
+    if (rank_news_) rank_news_(negotiation::RankEvent::kGone, rank);
+  };
   if (reason.ok() && !left.had_posted) {
     spdlog::debug("{} said goodbye", session->Describe(world_.node_rank));
-    return;
+    return gone();
   }
-  if (!reason.ok() && !left.had_tensors && !left.had_posted) return;  // never took part
+  if (!reason.ok() && !left.had_tensors && !left.had_posted) return gone();  // never took part
   const std::string who = session->Describe(world_.node_rank);
   Status error = reason.ok() ? Aborted(who + " left with collectives in flight")
                  : reason.message().find(who) != std::string::npos

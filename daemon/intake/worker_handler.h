@@ -55,10 +55,12 @@ class WorkerHandler : public IntakeHandler {
   // Every worker has joined, `last_rank` last (the schedule's join entry; stage B's thread):
   // the joined workers get their JOIN_REPLY and take part again.
   void OnJoinDone(int last_rank);
-  // Where a join goes: the node's agent (NodeAgent::ReportJoined). REQUIRES: before the intake
-  // server starts.
-  using JoinedFn = std::function<void(int rank)>;
-  void SetJoinReport(JoinedFn joined) { joined_ = std::move(joined); }
+  // Where news of this node's ranks goes: the node's agent (NodeAgent::ReportRank). A rank
+  // joins (OnJoin), is gone when its worker leaves with nothing in flight (OnDisconnect), and is
+  // back when a worker of that rank says HELLO after that. REQUIRES: before the intake server
+  // starts.
+  using RankFn = std::function<void(negotiation::RankEvent event, int rank)>;
+  void SetRankReport(RankFn report) { rank_news_ = std::move(report); }
 
   // The JobFailure observer: answers every pending collective with `error`.
   void OnFailure(const Status& error, JobFailure::Source source);
@@ -94,9 +96,10 @@ class WorkerHandler : public IntakeHandler {
   const ReportFn report_;
   const std::shared_ptr<RegionBudget> budget_;
   std::vector<std::weak_ptr<WorkerSession>> workers_;  // by local rank; intake thread only
+  std::vector<bool> gone_;  // by local rank: reported gone and not back since; intake thread only
   std::atomic<int> connected_{0};
   TimelineFn timeline_;
-  JoinedFn joined_;
+  RankFn rank_news_;
   std::mutex join_mu_;
   std::vector<std::shared_ptr<WorkerSession>> joining_;  // awaiting JOIN_REPLY; join_mu_
 };

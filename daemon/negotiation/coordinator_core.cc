@@ -160,22 +160,27 @@ Result<std::vector<std::string>> CoordinatorCore::StoreGet(const std::vector<std
 Result<std::vector<uint32_t>> CoordinatorCore::Report(int node,
                                                       const std::vector<TensorMeta>& new_tensors,
                                                       const std::vector<ReportedReady>& ready,
-                                                      const std::vector<int32_t>& joined) {
+                                                      const RankNews& ranks) {
   Result<std::vector<uint32_t>> result = Internal("unset");
   std::vector<std::string> notes;
   {
     std::lock_guard lock(mu_);
     const auto now = Clock::now();
     const uint64_t before = state_.last_seq();
-    // The joins are checked before the rest is applied: an error means nothing of the report
-    // took effect (found by tests/fuzz's coordinator target: a bad rank after good tensors
-    // registered them, and their slots reached the schedule unknown to the node).
-    Status joins = state_.CheckJoins(node, joined);
-    result = joins.ok() ? state_.Report(node, new_tensors, ready, now) : joins;
-    for (int32_t rank : joined) {
-      if (!result.ok()) break;
-      if (Status st = state_.Joined(node, rank, now); !st.ok()) result = st;
-    }
+    // The rank news is checked before the rest is applied: an error means nothing of the
+    // report took effect (found by tests/fuzz's coordinator target: a bad rank after good
+    // tensors registered them, and their slots reached the schedule unknown to the node).
+    Status news = state_.CheckRanks(node, ranks);
+    result = news.ok() ? state_.Report(node, new_tensors, ready, now) : news;
+    auto apply = [&](const std::vector<int32_t>& of, auto&& change) {
+      for (int32_t rank : of) {
+        if (!result.ok()) return;
+        if (Status st = change(rank); !st.ok()) result = st;
+      }
+    };
+    apply(ranks.joined, [&](int rank) { return state_.Joined(node, rank, now); });
+    apply(ranks.back, [&](int rank) { return state_.Back(node, rank); });
+    apply(ranks.gone, [&](int rank) { return state_.Gone(node, rank, now); });
     WakeFor(before);
     notes = state_.TakeLog();
   }

@@ -34,7 +34,7 @@ class CoordinatorCore : public CoordinatorLink {
   using CoordinatorLink::Report;
   Result<std::vector<uint32_t>> Report(int node, const std::vector<TensorMeta>& new_tensors,
                                        const std::vector<ReportedReady>& ready,
-                                       const std::vector<int32_t>& joined) override;
+                                       const RankNews& ranks) override;
   Result<std::vector<ScheduleEntry>> Poll(int node, uint64_t after_seq,
                                           std::chrono::milliseconds wait) override;
   Status Fail(int node, const Status& error) override;

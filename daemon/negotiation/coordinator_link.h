@@ -30,11 +30,12 @@ class CoordinatorLink {
   // Waits up to `timeout` for every key to exist.
   virtual Result<std::vector<std::string>> StoreGet(const std::vector<std::string>& keys,
                                                     std::chrono::milliseconds timeout) = 0;
-  // `joined`: global ranks of `node` that called hvd.join() since its last report, applied after
-  // `ready` (CoordinatorState::Joined).
+  // `ranks`: news of `node`'s ranks since its last report, applied after `ready`: those that
+  // called hvd.join() (CoordinatorState::Joined), then those whose worker came back, then those
+  // whose worker has gone (CoordinatorState::Back, Gone).
   virtual Result<std::vector<uint32_t>> Report(int node, const std::vector<TensorMeta>& new_tensors,
                                                const std::vector<ReportedReady>& ready,
-                                               const std::vector<int32_t>& joined) = 0;
+                                               const RankNews& ranks) = 0;
   Result<std::vector<uint32_t>> Report(int node, const std::vector<TensorMeta>& new_tensors,
                                        const std::vector<ReportedReady>& ready) {
     return Report(node, new_tensors, ready, {});

@@ -26,6 +26,7 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 CoordinatorState::CoordinatorState(CoordinatorOptions options)
     : options_(options),
       joined_(static_cast<size_t>(options.num_nodes) * options.local_size, false),
+      gone_(joined_.size()),
       last_poll_(options.num_nodes),
       acked_(options.num_nodes, 0),
       left_(options.num_nodes, false),
@@ -138,7 +139,57 @@ void CoordinatorState::MarkReady(int node, uint32_t slot, std::vector<int64_t> d
   p.node_dims[node] = std::move(dims);
   p.node_ready_ns[node] = ready_ns;
   if (p.needed[node]) --p.waiting;
-  if (p.waiting == 0) Ready(it, now);
+  if (p.waiting == 0) {
+    Ready(it, now);
+  } else {
+    FailIfHeldByGone(now);
+  }
+}
+
+template <typename Fn>
+void CoordinatorState::ForEachGoneHolder(const TensorMeta* meta, const Pending* p,
+                                         Fn&& consider) const {
+  if (gone_count_ == 0) return;
+  for (int r = 0; r < static_cast<int>(gone_.size()); ++r) {
+    if (!gone_[r] || joined_[r]) continue;
+    if (meta && (!meta->HasMember(r) || p->ready[r / options_.local_size])) continue;
+    consider(r, *gone_[r] + GoneGrace());
+  }
+}
+
+bool CoordinatorState::FailIfHeldByGone(Clock::time_point now) {
+  if (gone_count_ == 0) return false;
+  int gone = -1;
+  auto due = [&](int r, Clock::time_point end) {
+    if (gone < 0 && end <= now) gone = r;
+  };
+  auto who = [&] {
+    return "rank " + std::to_string(gone) + " on " + NodeName(gone / options_.local_size) +
+           " has left the job";
+  };
+  if (joined_count_ > 0) {
+    ForEachGoneHolder(nullptr, nullptr, due);
+    if (gone >= 0) {
+      std::string waiting;
+      for (int r = 0; r < static_cast<int>(joined_.size()); ++r) {
+        if (joined_[r]) waiting += (waiting.empty() ? "" : ",") + std::to_string(r);
+      }
+      Fail(-1, Mismatch(who() + " while rank(s) " + waiting +
+                        " wait in join(): every rank must call join() before it ends"));
+      return true;
+    }
+  }
+  for (const auto& [slot, p] : pending_) {
+    const TensorMeta& meta = metas_[slot - 1];
+    ForEachGoneHolder(&meta, &p, due);
+    if (gone < 0) continue;
+    Fail(-1, Mismatch("tensor '" + meta.name + "' was posted on node(s) " + NodeList(p, true) +
+                      " but " + who() +
+                      " without posting it (its worker called shutdown(), ended or crashed): "
+                      "every rank must make the same collectives"));
+    return true;
+  }
+  return false;
 }
 
 void CoordinatorState::SetNeeded(const TensorMeta& meta, Pending* p) const {
@@ -226,24 +277,61 @@ void CoordinatorState::Ready(std::map<uint32_t, Pending>::iterator it, Clock::ti
   for (Batched& r : ready) batch_.push_back(std::move(r));
 }
 
-Status CoordinatorState::CheckJoins(int node, const std::vector<int32_t>& ranks) const {
+Status CoordinatorState::CheckRankOf(int node, int rank, const char* what) const {
+  if (node < 0 || node >= options_.num_nodes || rank < node * options_.local_size ||
+      rank >= (node + 1) * options_.local_size) {
+    return InvalidArgument("node " + std::to_string(node) + " reported rank " +
+                           std::to_string(rank) + " " + what + ", which is not one of its ranks");
+  }
+  return Status::Ok();
+}
+
+Status CoordinatorState::CheckRanks(int node, const RankNews& news) const {
   if (failed()) return Aborted(fatal_.message());
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    const int rank = ranks[i];
-    if (node < 0 || node >= options_.num_nodes || rank < node * options_.local_size ||
-        rank >= (node + 1) * options_.local_size) {
-      return InvalidArgument("node " + std::to_string(node) + " reported rank " +
-                             std::to_string(rank) + " joined, which is not one of its ranks");
-    }
-    if (joined_[rank] || std::find(ranks.begin(), ranks.begin() + i, rank) != ranks.begin() + i) {
+  const std::vector<int32_t>& joins = news.joined;
+  for (size_t i = 0; i < joins.size(); ++i) {
+    const int rank = joins[i];
+    SPARSYNC_RETURN_IF_ERROR(CheckRankOf(node, rank, "joined"));
+    if (joined_[rank] || std::find(joins.begin(), joins.begin() + i, rank) != joins.begin() + i) {
       return InvalidArgument("rank " + std::to_string(rank) + " joined twice");
     }
+  }
+  for (int32_t rank : news.back) SPARSYNC_RETURN_IF_ERROR(CheckRankOf(node, rank, "back"));
+  for (int32_t rank : news.gone) SPARSYNC_RETURN_IF_ERROR(CheckRankOf(node, rank, "gone"));
+  return Status::Ok();
+}
+
+Status CoordinatorState::Gone(int node, int rank, Clock::time_point now) {
+  if (failed()) return Aborted(fatal_.message());
+  SPARSYNC_RETURN_IF_ERROR(CheckRankOf(node, rank, "gone"));
+  if (gone_[rank]) return Status::Ok();
+  gone_[rank] = now;
+  ++gone_count_;
+  if (gone_count_ == static_cast<int>(gone_.size())) {
+    // Every worker has left: the run is over. The daemons may serve another, whose workers
+    // connect in any order; none of them is gone.
+    gone_.assign(gone_.size(), std::nullopt);
+    gone_count_ = 0;
+    return Status::Ok();
+  }
+  FailIfHeldByGone(now);  // with no grace
+  return Status::Ok();
+}
+
+Status CoordinatorState::Back(int node, int rank) {
+  if (failed()) return Aborted(fatal_.message());
+  SPARSYNC_RETURN_IF_ERROR(CheckRankOf(node, rank, "back"));
+  if (gone_[rank]) {
+    gone_[rank].reset();
+    --gone_count_;
   }
   return Status::Ok();
 }
 
 Status CoordinatorState::Joined(int node, int rank, Clock::time_point now) {
-  SPARSYNC_RETURN_IF_ERROR(CheckJoins(node, {rank}));
+  RankNews news;
+  news.joined = {rank};
+  SPARSYNC_RETURN_IF_ERROR(CheckRanks(node, news));
   joined_[rank] = true;
   ++joined_count_;
   if (joined_count_ == static_cast<int>(joined_.size())) {
@@ -256,6 +344,7 @@ Status CoordinatorState::Joined(int node, int rank, Clock::time_point now) {
     Append(std::move(entry));
     return Status::Ok();
   }
+  if (FailIfHeldByGone(now)) return Status::Ok();
   // Tensors that waited only for this rank's node go now, without it.
   std::vector<uint32_t> complete;
   for (auto& [slot, p] : pending_) {
@@ -369,6 +458,7 @@ std::vector<std::string> CoordinatorState::Tick(Clock::time_point now) {
   if (!batch_.empty() && (batch_urgent_ || now - batch_started_ >= options_.cycle)) Flush();
   merge_.Tick(now);
   AppendMergeOutputs();
+  if (FailIfHeldByGone(now)) return warnings;
   for (auto& [slot, p] : pending_) {
     const std::string& name = metas_[slot - 1].name;
     auto waited = now - p.first_report;
@@ -443,6 +533,9 @@ std::optional<Clock::time_point> CoordinatorState::NextDeadline() const {
     if (!p.warned) consider(p.first_report + options_.stall_warn);
   }
   for (const auto& [key, held] : groups_) consider(held.since + options_.timeout);
+  auto grace_ends = [&](int, Clock::time_point end) { consider(end); };
+  if (joined_count_ > 0) ForEachGoneHolder(nullptr, nullptr, grace_ends);
+  for (const auto& [slot, p] : pending_) ForEachGoneHolder(&metas_[slot - 1], &p, grace_ends);
   for (int n = 1; n < options_.num_nodes; ++n) {
     if (!left_[n] && last_poll_[n]) consider(*last_poll_[n] + options_.node_liveness);
   }

@@ -33,6 +33,9 @@ struct CoordinatorOptions {
   Clock::duration stall_warn = std::chrono::seconds(60);
   Clock::duration timeout = std::chrono::seconds(300);
   Clock::duration node_liveness = std::chrono::seconds(10);  // longest silence between polls
+  // How long a rank's worker may be away (between hvd.shutdown() and hvd.init(), say) before a
+  // tensor that needs it fails the job (CoordinatorState::Gone); at most `timeout` is used.
+  Clock::duration gone_grace = std::chrono::seconds(5);
   MergeOptions merge;  // how gradient tensors are grouped (merge_scheduler.h)
 };
 
@@ -61,10 +64,20 @@ class CoordinatorState {
   // names the last rank and ends the join. INVALID_ARGUMENT for a rank not on `node`, or one
   // already joined; ABORTED once the job has failed.
   Status Joined(int node, int rank, Clock::time_point now);
-  // Whether Joined() would accept every one of `ranks` from `node`, in order (a rank twice in
-  // `ranks` is one joined twice), changing nothing: a report's joins are checked with the rest of
-  // it before any of it is applied.
-  Status CheckJoins(int node, const std::vector<int32_t>& ranks) const;
+  // The worker of global rank `rank` of `node` left with nothing in flight (hvd.shutdown(), the
+  // end of its script, or a crash before its first collective). Once it has been gone for the
+  // grace period (CoordinatorOptions::gone_grace) a tensor that still needs the rank fails the
+  // job, naming the tensor and the rank, rather than at SPARSYNC_TIMEOUT_S; so does a join it
+  // can no longer complete. Back(): a worker of that rank connected again (hvd.init() after
+  // shutdown(), within the grace period). Once every rank has gone the run is over and none
+  // counts as gone (the daemons may serve the next run's workers, which connect in any order).
+  // INVALID_ARGUMENT for a rank not on `node`; ABORTED once the job has failed.
+  Status Gone(int node, int rank, Clock::time_point now);
+  Status Back(int node, int rank);
+  // Whether every piece of `news` from `node` would be accepted (a rank joined twice in
+  // `news.joined` is one joined twice), changing nothing: a report's rank news is checked with
+  // the rest of it before any of it is applied.
+  Status CheckRanks(int node, const RankNews& news) const;
 
   // Fails the job (first failure wins). `node` < 0: the coordinator itself.
   void Fail(int node, const Status& error);
@@ -119,6 +132,16 @@ class CoordinatorState {
   // Sets which nodes `p` waits for (those hosting a member that has not joined) and how many of
   // them have not reported it.
   void SetNeeded(const TensorMeta& meta, Pending* p) const;
+  // Ranks that hold `p` (or a join, for a null `meta`) up and are gone: `consider` is called
+  // with each one's end of grace.
+  template <typename Fn>
+  void ForEachGoneHolder(const TensorMeta* meta, const Pending* p, Fn&& consider) const;
+  // Fails the job for a tensor (or a join) held up by a rank gone for longer than the grace
+  // period, if any. Returns whether it did.
+  bool FailIfHeldByGone(Clock::time_point now);
+  Clock::duration GoneGrace() const { return std::min(options_.gone_grace, options_.timeout); }
+  // INVALID_ARGUMENT unless global rank `rank` is one of `node`'s.
+  Status CheckRankOf(int node, int rank, const char* what) const;
   // A tensor reported by every node it needs: to the merge scheduler or the batch.
   void Ready(std::map<uint32_t, Pending>::iterator it, Clock::time_point now);
   void AppendMergeOutputs();
@@ -141,6 +164,8 @@ class CoordinatorState {
   std::unordered_map<uint64_t, HeldGroup> groups_;
   std::vector<bool> joined_;  // by global rank: inside hvd.join()
   int joined_count_ = 0;
+  std::vector<std::optional<Clock::time_point>> gone_;  // by global rank: when its worker left
+  int gone_count_ = 0;
   Clock::time_point batch_started_;
   bool batch_urgent_ = false;
   std::deque<ScheduleEntry> log_;

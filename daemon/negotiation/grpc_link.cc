@@ -158,7 +158,7 @@ Result<std::vector<std::string>> GrpcCoordinatorLink::StoreGet(const std::vector
 
 Result<std::vector<uint32_t>> GrpcCoordinatorLink::Report(
     int node, const std::vector<TensorMeta>& new_tensors, const std::vector<ReportedReady>& ready,
-    const std::vector<int32_t>& joined) {
+    const RankNews& ranks) {
   grpc::ClientContext ctx;
   Call call(this, &ctx);
   if (!call.admitted()) return ShuttingDown();
@@ -174,7 +174,9 @@ Result<std::vector<uint32_t>> GrpcCoordinatorLink::Report(
     for (int64_t d : r.worker_dim0) out->add_worker_dim0(d);
     out->set_ready_ns(r.ready_ns);
   }
-  for (int32_t rank : joined) req.add_joined_ranks(rank);
+  for (int32_t rank : ranks.joined) req.add_joined_ranks(rank);
+  for (int32_t rank : ranks.gone) req.add_gone_ranks(rank);
+  for (int32_t rank : ranks.back) req.add_back_ranks(rank);
   v1::ReportResponse resp;
   SPARSYNC_RETURN_IF_ERROR(Check(stub_->Report(&ctx, req, &resp), "reporting to the coordinator"));
   return std::vector<uint32_t>(resp.new_slots().begin(), resp.new_slots().end());

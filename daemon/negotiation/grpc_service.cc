@@ -78,8 +78,11 @@ grpc::Status CoordinatorHandlers::Report(const v1::ReportRequest& req, v1::Repor
     rr.ready_ns = r.ready_ns();
     ready.push_back(std::move(rr));
   }
-  const std::vector<int32_t> joined(req.joined_ranks().begin(), req.joined_ranks().end());
-  auto slots = core_->Report(static_cast<int>(req.node_rank()), metas, ready, joined);
+  RankNews ranks;
+  ranks.joined.assign(req.joined_ranks().begin(), req.joined_ranks().end());
+  ranks.gone.assign(req.gone_ranks().begin(), req.gone_ranks().end());
+  ranks.back.assign(req.back_ranks().begin(), req.back_ranks().end());
+  auto slots = core_->Report(static_cast<int>(req.node_rank()), metas, ready, ranks);
   if (!slots.ok()) return ToGrpc(slots.status());
   for (uint32_t s : *slots) resp->add_new_slots(s);
   return grpc::Status::OK;

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "daemon/common/thread_name.h"
 
 namespace sparsync::negotiation {
@@ -11,6 +13,26 @@ constexpr auto kPollWait = std::chrono::milliseconds(500);
 int64_t SteadyNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
       .count();
+}
+
+// Adds one piece of rank news to a report's. The coordinator applies a report's returns before
+// its departures, so a rank that went and came back within one report is left out of both.
+void AddRankNews(RankEvent event, int32_t rank, RankNews* news) {
+  switch (event) {
+    case RankEvent::kJoined:
+      news->joined.push_back(rank);
+      return;
+    case RankEvent::kGone:
+      news->gone.push_back(rank);
+      return;
+    case RankEvent::kBack:
+      if (auto it = std::find(news->gone.begin(), news->gone.end(), rank); it != news->gone.end()) {
+        news->gone.erase(it);
+      } else {
+        news->back.push_back(rank);
+      }
+      return;
+  }
 }
 }  // namespace
 
@@ -80,12 +102,12 @@ void NodeAgent::SendReports(std::vector<ReadyTensor> batch) {
   std::lock_guard send_lock(send_mu_);
   std::vector<TensorMeta> new_tensors;
   std::vector<ReportedReady> ready;
-  std::vector<int32_t> joined;
+  RankNews ranks;
   {
     std::lock_guard lock(mu_);
     for (auto& r : batch) {
-      if (r.joined_rank >= 0) {
-        joined.push_back(r.joined_rank);
+      if (r.event_rank >= 0) {
+        AddRankNews(r.event, r.event_rank, &ranks);
         continue;
       }
       ReportedReady rr;
@@ -101,7 +123,7 @@ void NodeAgent::SendReports(std::vector<ReadyTensor> batch) {
       ready.push_back(std::move(rr));
     }
   }
-  auto slots = link_->Report(node_rank_, new_tensors, ready, joined);
+  auto slots = link_->Report(node_rank_, new_tensors, ready, ranks);
   Status error;
   if (!slots.ok()) {
     error = slots.status();

@@ -46,10 +46,12 @@ class NodeAgent {
 
   // A tensor is ready on this node. Never blocks on the network.
   void Report(ReadyTensor tensor);
-  // Global rank `rank` of this node called hvd.join(); reported after the tensors before it.
-  void ReportJoined(int rank) {
+  // News of global rank `rank` of this node (it called hvd.join(), its worker left or came
+  // back); reported after the tensors before it.
+  void ReportRank(RankEvent event, int rank) {
     ReadyTensor notice;
-    notice.joined_rank = rank;
+    notice.event_rank = rank;
+    notice.event = event;
     Report(std::move(notice));
   }
   // The next schedule entries, in order, with every group tensor's name filled in; waits up to

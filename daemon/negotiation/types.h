@@ -17,14 +17,30 @@ using Clock = std::chrono::steady_clock;
 // TensorMeta (common/tensor_meta.h) is what identifies a tensor across nodes.
 using sparsync::TensorMeta;
 
+// News of one of a node's ranks that the coordinator needs besides its tensors.
+enum class RankEvent {
+  kJoined,  // called hvd.join(): out of data until every rank has joined
+  kGone,    // its worker left (shutdown(), exit or crash) with nothing in flight
+  kBack,    // a worker of that rank connected again after it had gone
+};
+
+// What a node reports since its last report, per kind of rank news.
+struct RankNews {
+  std::vector<int32_t> joined;
+  std::vector<int32_t> gone;
+  std::vector<int32_t> back;
+  bool empty() const { return joined.empty() && gone.empty() && back.empty(); }
+};
+
 // A tensor every local worker of a node has posted: what the node reports to the coordinator.
 struct ReadyTensor {
   TensorMeta meta;
   std::vector<int64_t> worker_dim0;  // ALLGATHER: each local member's first dimension (0: joined)
   int64_t ready_ns = 0;              // steady clock when the last local worker posted it
-  // >= 0: not a tensor but the news that this global rank called hvd.join() (NodeAgent orders it
-  // after the tensors reported before it).
-  int32_t joined_rank = -1;
+  // >= 0: not a tensor but `event` of this global rank (NodeAgent orders it after the tensors
+  // reported before it).
+  int32_t event_rank = -1;
+  RankEvent event = RankEvent::kJoined;
 };
 
 struct GroupTensor {

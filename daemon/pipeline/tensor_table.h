@@ -32,6 +32,7 @@ struct World {
   int num_nodes = 1;
   int local_size = 1;
   int size() const { return num_nodes * local_size; }
+  int GlobalRank(int local_rank) const { return node_rank * local_size + local_rank; }
 };
 
 // One local worker's part of a tensor in a group being executed.
@@ -149,7 +150,7 @@ class TensorTable {
   bool LocallyComplete(const Tensor& t) const;                    // REQUIRES: mu_ held
   ReadyRound MakeReady(Tensor& t);                                // REQUIRES: mu_ held
   bool NoneTakesPart(const TensorMeta& meta) const;               // REQUIRES: mu_ held
-  int GlobalRank(int local_rank) const { return world_.node_rank * world_.local_size + local_rank; }
+  int GlobalRank(int local_rank) const { return world_.GlobalRank(local_rank); }
   Status CheckCompatible(const Tensor& t, const TensorMeta& meta, int local_rank) const;
 
   const World world_;

@@ -84,6 +84,33 @@ def test_a_hang_is_reported_then_fails_every_worker_with_the_reason(job, trouble
                      % re.escape(tensor), logs), logs
 
 
+def test_a_worker_that_ends_early_fails_the_others_at_once_naming_it(job):
+    j = job()
+    rcs = j.run_workers("troubles.py", timeout_s=TIMEOUT_S + 60, extra={"TROUBLE": "early"})
+    assert rcs == [0, 0], "workers crashed or hung: %s\n%s" % (rcs, j.logs())
+    ended = json.loads((j.outdir / "rank1.json").read_text())
+    assert ended["error"] is None, ended
+    res = json.loads((j.outdir / "rank0.json").read_text())
+    assert res["error"], "rank 0 did not fail\n%s" % j.logs()
+    # Whichever of its last two collectives rank 0 had posted when the news came.
+    tensor = "loss" if "'loss'" in res["error"] else "fc1.weight"
+    expect("tensor '{tensor}' was posted on node(s) 0 but rank 1 on node 1 ({address}) has left "
+           "the job without posting it (its worker called shutdown(), ended or crashed): every "
+           "rank must make the same collectives", res["error"], tensor=tensor,
+           address="127.0.0.1")
+    # Once rank 1 has been gone for the grace period (5 s), well before the timeout.
+    assert res["elapsed_s"] < TIMEOUT_S - 2, res
+
+
+def test_a_worker_that_shuts_down_and_inits_again_takes_part_again(job):
+    j = job()
+    rcs = j.run_workers("troubles.py", timeout_s=90, extra={"TROUBLE": "reinit"})
+    assert rcs == [0, 0], "workers crashed or hung: %s\n%s" % (rcs, j.logs())
+    for r in range(2):
+        res = json.loads((j.outdir / ("rank%d.json" % r)).read_text())
+        assert res["error"] is None and res["b"] == [1.0] * 4, (res, j.logs())
+
+
 # ---- daemons that cannot start ----
 
 def run_daemons(daemon, nodes, ranks, port, tmp, tokens=None, extra=None, timeout_s=60):

@@ -171,9 +171,14 @@ TEST(CoordinatorCoreTest, ShapeMismatchIsOneFatalEntryForEveryNode) {
 TEST(CoordinatorCoreTest, AReportWithABadJoinIsRefusedWhole) {
   CoordinatorCore core(Options(1), /*local_size=*/2, kToken);
   for (const std::vector<int32_t>& joins : {std::vector<int32_t>{2}, {1, 1}, {0, 5}}) {
-    auto refused = core.Report(0, {Meta("fc.weight", {8})}, {NewRef(0)}, joins);
+    RankNews news;
+    news.joined = joins;
+    auto refused = core.Report(0, {Meta("fc.weight", {8})}, {NewRef(0)}, news);
     EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << joins.size();
   }
+  RankNews elsewhere;
+  elsewhere.gone = {2};  // node 1's
+  EXPECT_FALSE(core.Report(0, {Meta("fc.weight", {8})}, {NewRef(0)}, elsewhere).ok());
   EXPECT_TRUE(core.Poll(0, 0, 0ms).value().empty());
   // The same tensor reported well is the first one the coordinator registers.
   auto slots = core.Report(0, {Meta("fc.weight", {8})}, {NewRef(0)}, {});

@@ -459,6 +459,97 @@ TEST(CoordinatorJoinTest, ABroadcastFromAJoinedRankFailsTheJob) {
   ExpectFailedWith(s, "which has called join()");
 }
 
+// A rank whose worker left, and has not come back within the grace period (5 s), fails the job
+// for the first tensor that needs it (pending or reported later), naming the tensor and the
+// rank, instead of at SPARSYNC_TIMEOUT_S (20 s here).
+TEST(CoordinatorGoneTest, ATensorHeldByARankGoneForTheGracePeriodFailsTheJob) {
+  CoordinatorState s = MakeWithWorkers(2, 2);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s.Report(0, {Explicit("x")}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.Gone(1, 3, t0 + seconds(1)).ok());
+  EXPECT_EQ(s.NextDeadline(), t0 + seconds(5)) << "the stall warning comes first";
+  s.Tick(t0 + seconds(5));
+  EXPECT_EQ(s.NextDeadline(), t0 + seconds(6)) << "the end of rank 3's grace";
+  s.Tick(t0 + milliseconds(5999));
+  EXPECT_FALSE(s.failed());
+  s.Tick(t0 + seconds(6));
+  ExpectFailedWith(s, "tensor 'x' was posted on node(s) 0 but rank 3 on node 1 has left the job "
+                      "without posting it");
+  EXPECT_EQ(s.fatal().code(), StatusCode::kMismatch);
+}
+
+TEST(CoordinatorGoneTest, ATensorReportedAfterTheGracePeriodFailsTheJobAtOnce) {
+  CoordinatorState s = MakeWithWorkers(2, 1);
+  const auto t0 = Clock::now();
+  // Both made "x"; rank 1 then ends, and rank 0 makes one more.
+  ASSERT_TRUE(s.Report(0, {Explicit("x")}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.Report(1, {Explicit("x")}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.Gone(1, 1, t0).ok());
+  EXPECT_FALSE(s.failed()) << "nothing needs rank 1 yet";
+  EXPECT_FALSE(s.NextDeadline().has_value()) << "nothing waits for the grace period's end";
+  ASSERT_TRUE(s.Report(0, {}, {Slot(1)}, t0 + seconds(7)).ok());
+  ExpectFailedWith(s, "rank 1 on node 1 has left the job without posting it");
+}
+
+// A worker that shuts down and initialises again within the grace period holds nothing up.
+TEST(CoordinatorGoneTest, ARankBackWithinTheGracePeriodTakesPartAgain) {
+  CoordinatorState s = MakeWithWorkers(2, 1);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s.Gone(1, 1, t0).ok());
+  ASSERT_TRUE(s.Report(0, {Explicit("x")}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.Back(1, 1).ok());
+  s.Tick(t0 + seconds(6));
+  EXPECT_FALSE(s.failed()) << s.fatal().message();
+  ASSERT_TRUE(s.Report(1, {Explicit("x")}, {New(0)}, t0 + seconds(6)).ok());
+  EXPECT_EQ(s.EntriesAfter(0).size(), 1u);
+}
+
+// What does not need the gone rank goes on: a process set without it, a tensor its node
+// reported before it left.
+TEST(CoordinatorGoneTest, OnlyTensorsThatNeedTheGoneRankFail) {
+  CoordinatorState s = MakeWithWorkers(2, 2);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s.Report(1, {Explicit("before")}, {New(0)}, t0).ok());
+  ASSERT_TRUE(s.Gone(1, 3, t0).ok());
+  const auto later = t0 + seconds(6);
+  ASSERT_TRUE(s.Report(0, {Explicit("before")}, {New(0)}, later).ok());
+  ASSERT_TRUE(s.Report(0, {InSet("set", CollectiveOp::kAllReduce, {0, 2})}, {New(0)}, later).ok());
+  s.Tick(later);
+  EXPECT_FALSE(s.failed()) << s.fatal().message();
+  EXPECT_EQ(s.EntriesAfter(0).size(), 1u) << "'before'; 'set' waits for rank 2 on node 1";
+  EXPECT_FALSE(s.Gone(0, 3, t0).ok()) << "rank 3 is not node 0's";
+}
+
+// Daemons may serve one run after another: once every rank has left, the next run's workers
+// connect in any order and a tensor the first of them posts waits for the others.
+TEST(CoordinatorGoneTest, WhenEveryRankHasLeftTheNextRunStartsAfresh) {
+  CoordinatorState s = MakeWithWorkers(2, 1);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s.Gone(1, 1, t0).ok());
+  ASSERT_TRUE(s.Gone(0, 0, t0).ok());
+  ASSERT_TRUE(s.Back(0, 0).ok());
+  const auto next_run = t0 + seconds(6);
+  ASSERT_TRUE(s.Report(0, {Explicit("x")}, {New(0)}, next_run).ok());
+  s.Tick(next_run);
+  EXPECT_FALSE(s.failed()) << s.fatal().message();
+  ASSERT_TRUE(s.Report(1, {Explicit("x")}, {New(0)}, next_run).ok());
+  EXPECT_EQ(s.EntriesAfter(0).size(), 1u);
+}
+
+TEST(CoordinatorGoneTest, LeavingWhileOthersWaitInJoinFailsTheJob) {
+  CoordinatorState s = MakeWithWorkers(2, 1);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(s.Joined(0, 0, t0).ok());
+  ASSERT_TRUE(s.Gone(1, 1, t0).ok());
+  s.Tick(t0 + seconds(5));
+  ExpectFailedWith(s, "rank 1 on node 1 has left the job while rank(s) 0 wait in join()");
+  // ... and joining after it left.
+  CoordinatorState later = MakeWithWorkers(3, 1);
+  ASSERT_TRUE(later.Gone(2, 2, t0).ok());
+  ASSERT_TRUE(later.Joined(1, 1, t0 + seconds(5)).ok());
+  ExpectFailedWith(later, "rank 2 on node 2 has left the job while rank(s) 1 wait in join()");
+}
+
 TEST(CoordinatorJoinTest, ARankJoinsOnlyFromItsNodeAndOnce) {
   CoordinatorState s = MakeWithWorkers(2, 2);
   const auto t0 = Clock::now();

@@ -28,6 +28,7 @@ class FakeLink : public CoordinatorLink {
     std::vector<TensorMeta> new_tensors;
     std::vector<ReportedReady> ready;
     std::thread::id thread;
+    RankNews ranks;
   };
 
   Status Join(const JoinInfo&, std::chrono::milliseconds) override { return Status::Ok(); }
@@ -42,11 +43,10 @@ class FakeLink : public CoordinatorLink {
   using CoordinatorLink::Report;
   Result<std::vector<uint32_t>> Report(int node, const std::vector<TensorMeta>& new_tensors,
                                        const std::vector<ReportedReady>& ready,
-                                       const std::vector<int32_t>& joined) override {
-    joined_.insert(joined_.end(), joined.begin(), joined.end());
+                                       const RankNews& ranks) override {
     std::unique_lock lock(mu_);
     EXPECT_EQ(node, kRank);
-    reports_.push_back({new_tensors, ready, std::this_thread::get_id()});
+    reports_.push_back({new_tensors, ready, std::this_thread::get_id(), ranks});
     changed_.notify_all();
     changed_.wait_for(lock, 5s, [&] { return !hold_reports_; });
     if (!report_answers_.empty()) {
@@ -145,7 +145,6 @@ class FakeLink : public CoordinatorLink {
   bool hold_reports_ = false;
   uint32_t next_slot_ = 1;
   std::vector<ReportCall> reports_;
-  std::vector<int32_t> joined_;  // every rank the agent reported joined, in order
   std::vector<uint64_t> poll_afters_;
   std::vector<std::pair<int, Status>> fails_;
   std::vector<int> leaves_;
@@ -231,6 +230,33 @@ class NodeAgentTest : public ::testing::Test {
   JobFailure failure_;
   NodeAgent* agent_ = nullptr;  // the one Make made last
 };
+
+// Rank news rides with the tensors, in the batch of its time; a rank that went and came back
+// while a report was in flight is in neither list of the next (the coordinator applies returns
+// before departures, so it would otherwise stay gone).
+TEST_F(NodeAgentTest, RankNewsIsBatchedAndAReturnCancelsADepartureInTheSameBatch) {
+  auto agent = Make(/*direct=*/false);
+  link_.HoldReports(true);
+  agent->ReportRank(RankEvent::kGone, 2);
+  ASSERT_TRUE(link_.WaitForReports(1));
+  agent->ReportRank(RankEvent::kJoined, 3);
+  agent->ReportRank(RankEvent::kBack, 2);  // came back from the departure in flight
+  agent->ReportRank(RankEvent::kGone, 3);
+  agent->ReportRank(RankEvent::kGone, 2);
+  agent->ReportRank(RankEvent::kBack, 2);  // ... and went and came back again
+  link_.HoldReports(false);
+  ASSERT_TRUE(link_.WaitForReports(2));
+  agent->Stop();
+  auto reports = link_.reports();
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[0].ranks.gone, std::vector<int32_t>{2});
+  EXPECT_TRUE(reports[0].ranks.back.empty());
+  const RankNews& next = reports[1].ranks;
+  EXPECT_EQ(next.joined, std::vector<int32_t>{3});
+  EXPECT_EQ(next.back, std::vector<int32_t>{2});
+  EXPECT_EQ(next.gone, std::vector<int32_t>{3});
+  EXPECT_TRUE(reports[1].ready.empty());
+}
 
 TEST_F(NodeAgentTest, ReportsQueueIntoOneBatchWhileOneIsInFlight) {
   auto agent = Make(/*direct=*/false);
