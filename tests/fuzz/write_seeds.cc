@@ -161,6 +161,26 @@ void CoordinatorSeeds(const std::filesystem::path& dir) {
   Record(&failing, 5, 2, fail);
   Record(&failing, 6, 1, v1::LeaveRequest());
   Save(dir, "then_a_failure", failing);
+  // Rank news: node 2's ranks join, rank 3 (node 1) goes and comes back, rank 2 goes, and node 0
+  // reports the tensors again.
+  Bytes ranks = job;
+  v1::ReportRequest news;
+  news.add_joined_ranks(4);
+  news.add_joined_ranks(5);
+  Record(&ranks, 3, 2, news);
+  news.Clear();
+  news.add_gone_ranks(3);
+  Record(&ranks, 3, 1, news);
+  news.Clear();
+  news.add_back_ranks(3);
+  news.add_gone_ranks(2);
+  Record(&ranks, 3, 1, news);
+  news.Clear();
+  news.add_ready()->set_slot(1);
+  news.add_ready()->set_slot(2);
+  Record(&ranks, 3, 0, news);
+  Record(&ranks, 7, 0, v1::PollRequest());
+  Save(dir, "joins_and_departures", ranks);
   Bytes store;
   v1::StoreSetRequest set;
   set.set_key("gloo/0");
