@@ -29,7 +29,13 @@ for t in "${targets[@]}"; do
       > "$scratch/$t.log" 2>&1; then
     tail -60 "$scratch/$t.log"
     ls -l "$scratch/$t-artifacts" >&2
-    for a in "$scratch/$t-artifacts"/*; do [[ -f $a ]] && od -A d -t x1 "$a" | head -20; done
+    # Whole, so that the input can be rebuilt from a CI log: `base64 -d > crash`.
+    for a in "$scratch/$t-artifacts"/*; do
+      [[ -f $a ]] || continue
+      echo "$(basename "$a"), $(stat -c %s "$a") bytes, base64:"
+      base64 -w 100 "$a" | head -c 65536
+      echo
+    done
     echo "run.sh: fuzz target $t failed" >&2
     exit 1
   fi
