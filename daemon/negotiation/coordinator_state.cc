@@ -314,7 +314,7 @@ Status CoordinatorState::Gone(int node, int rank, Clock::time_point now) {
     gone_count_ = 0;
     return Status::Ok();
   }
-  FailIfHeldByGone(now);  // with no grace
+  FailIfHeldByGone(now);  // fails at once only when the grace period is 0
   return Status::Ok();
 }
 
