@@ -9,6 +9,7 @@
 namespace sparsync::negotiation {
 namespace {
 constexpr auto kPollWait = std::chrono::milliseconds(500);
+constexpr auto kPollWarnAfter = std::chrono::milliseconds(1000);
 
 int64_t SteadyNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
@@ -150,7 +151,8 @@ void NodeAgent::PollLoop() {
   // last answer: a poll that hangs until its deadline counts (a cut link), not only polls that
   // fail at once (a closed port).
   auto last_answer = std::chrono::steady_clock::now();
-  bool failing = false;
+  bool failing = false, warned = false;
+  auto first_failure = last_answer;
   std::unique_lock lock(mu_);
   while (!stopping_) {
     uint64_t after = received_seq_;
@@ -160,9 +162,19 @@ void NodeAgent::PollLoop() {
     if (stopping_) break;
     if (!entries.ok()) {
       auto now = std::chrono::steady_clock::now();
+      // A poll that fails once is not news: at the end of a job every daemon gets SIGTERM at
+      // about the same time, and node 0's may stop serving before this one hears its own. A
+      // coordinator that stays away for kPollWarnAfter is worth a warning.
       if (!failing) {
         failing = true;
-        spdlog::warn("coordinator poll failed: {}", entries.status().message());
+        first_failure = now;
+        spdlog::debug("coordinator poll failed: {}", entries.status().message());
+      } else if (!warned && now - first_failure >= kPollWarnAfter) {
+        warned = true;
+        spdlog::warn("coordinator poll failed for {} ms: {}",
+                     std::chrono::duration_cast<std::chrono::milliseconds>(now - first_failure)
+                         .count(),
+                     entries.status().message());
       }
       if (now - last_answer > give_up_after_) {
         lock.unlock();
@@ -174,16 +186,24 @@ void NodeAgent::PollLoop() {
       inbox_cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_; });
       continue;
     }
-    failing = false;
+    if (warned) spdlog::info("the coordinator answers again");
+    failing = warned = false;
     last_answer = std::chrono::steady_clock::now();
     const int64_t received_ns = SteadyNs();
+    bool coordinator_stops = false;
     for (auto& e : *entries) {
       if (e.seq <= received_seq_) continue;
       received_seq_ = e.seq;
       e.received_ns = received_ns;
+      // Node 0's own shutdown: nothing follows it, and its server is about to go.
+      coordinator_stops = coordinator_stops || IsShutdownReason(e.fatal, 0);
       inbox_.push_back(std::move(e));
     }
     if (!entries->empty()) inbox_cv_.notify_all();
+    if (coordinator_stops) {
+      spdlog::debug("node 0 is shutting down: no more polls");
+      return;
+    }
   }
 }
 

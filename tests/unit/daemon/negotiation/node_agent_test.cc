@@ -434,6 +434,36 @@ TEST_F(NodeAgentTest, FailuresShorterThanGiveUpAfterAreRiddenOut) {
   EXPECT_EQ(got[0].seq, 1u);
 }
 
+// Node 0's own shutdown is the coordinator's last entry: the agent stops polling there, so a
+// server that goes a moment later (every daemon stops at the end of a job) is no failure here.
+TEST_F(NodeAgentTest, PollingEndsWithTheCoordinatorsOwnShutdown) {
+  auto agent = Make(/*direct=*/false, /*give_up_after=*/300ms);
+  ScheduleEntry last;
+  last.seq = 4;
+  last.fatal = ShutdownReason(0);
+  link_.PushPollAnswer(std::vector<ScheduleEntry>{last});
+  auto got = Collect(*agent, 1, 5s);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(IsShutdownReason(got[0].fatal, 0)) << got[0].fatal.ToString();
+  link_.FailEveryPoll(Unavailable("polling the coordinator: CANCELLED"));
+  const size_t polls = link_.poll_afters().size();
+  got = Collect(*agent, 1, 700ms);
+  EXPECT_TRUE(got.empty()) << "nothing follows node 0's shutdown: " << got[0].fatal.ToString();
+  EXPECT_EQ(link_.poll_afters().size(), polls) << "polled after node 0's shutdown";
+  EXPECT_FALSE(failure_.failed()) << failure_.status().ToString();
+  // Another node's shutdown is not the coordinator's: the agent goes on polling.
+  auto other = Make(/*direct=*/false);
+  last.fatal = ShutdownReason(2);
+  link_.FailEveryPoll(Status::Ok());
+  link_.PushPollAnswer(std::vector<ScheduleEntry>{last});
+  ASSERT_EQ(Collect(*other, 1, 5s).size(), 1u);
+  const size_t after_other = link_.poll_afters().size();
+  std::this_thread::sleep_for(100ms);
+  EXPECT_GT(link_.poll_afters().size(), after_other);
+  other->Stop();
+  agent->Stop();
+}
+
 // The node's failure goes to the coordinator once, the first one; when the coordinator cannot be
 // told, a fatal entry ends the exchange here.
 TEST_F(NodeAgentTest, FailThatCannotReachTheCoordinatorFailsLocally) {
