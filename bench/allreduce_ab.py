@@ -5,10 +5,12 @@ machine hits every side alike. Prints each round and, per size and side, the med
 over the rounds and the median of the per-round ratios to torch.distributed.
 
     .venv/bin/python bench/allreduce_ab.py [--np 4] [--rounds 4] [--seconds 6] \\
-        [--elements 1048576,4194304,16777216] [--daemon NAME=PATH ...]
+        [--elements 1048576,4194304,16777216] [--daemon NAME=PATH ...] [--shim NAME=DIR ...]
 
-Without --daemon the side is build/daemon/sparsyncd (or SPARSYNC_DAEMON); each --daemon adds a
-side run with SPARSYNC_DAEMON=PATH (for example a build of an earlier commit). The load average
+Without --daemon or --shim the side is build/daemon/sparsyncd (or SPARSYNC_DAEMON); each --daemon
+adds a side run with SPARSYNC_DAEMON=PATH (for example a build of an earlier commit); each --shim
+adds a side run of this checkout's daemon whose workers import the Python package from DIR (the
+shims/python folder of another checkout), to compare versions of the shim. The load average
 before and after is printed.
 """
 import argparse
@@ -17,6 +19,8 @@ import re
 import statistics
 import subprocess
 import sys
+
+from sparsync._paths import find_client_library, find_daemon
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOOP = os.path.join(HERE, "allreduce_loop.py")
@@ -39,9 +43,16 @@ def main():
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--elements", default="1048576,4194304,16777216")
     ap.add_argument("--daemon", action="append", default=[], metavar="NAME=PATH")
+    ap.add_argument("--shim", action="append", default=[], metavar="NAME=DIR")
     args = ap.parse_args()
     sizes = [int(e) for e in args.elements.split(",")]
-    daemons = [tuple(d.split("=", 1)) for d in args.daemon] or [("sparsync", None)]
+    daemons = [(name, {"SPARSYNC_DAEMON": os.path.abspath(path)})
+               for name, path in (d.split("=", 1) for d in args.daemon)]
+    # Another checkout's package would look for the daemon and client library in its own tree.
+    here = {"SPARSYNC_DAEMON": find_daemon(), "SPARSYNC_CLIENT_LIB": find_client_library()}
+    daemons += [(name, dict(here, PYTHONPATH=os.path.abspath(path)))
+                for name, path in (d.split("=", 1) for d in args.shim)]
+    daemons = daemons or [("sparsync", {})]
     runner = os.path.join(os.path.dirname(sys.executable), "sparsyncrun")
     base_env = dict(os.environ, SPARSYNC_COMPRESSOR="none", SPARSYNC_LOG_LEVEL="warn")
     sides = [name for name, _ in daemons] + ["torch"]
@@ -50,8 +61,8 @@ def main():
     for r in range(args.rounds):
         for n in sizes:
             loop_args = ["--elements", str(n), "--seconds", str(args.seconds)]
-            for name, path in daemons:
-                env = dict(base_env, **({"SPARSYNC_DAEMON": os.path.abspath(path)} if path else {}))
+            for name, side_env in daemons:
+                env = dict(base_env, **side_env)
                 cmd = [runner, "-np", str(args.np), sys.executable, LOOP] + loop_args
                 times[(name, n)].append(per_call_ms(cmd, env))
             cmd = [sys.executable, LOOP, "--torch", str(args.np)] + loop_args

@@ -5,6 +5,7 @@ Framework-neutral: tensors are raw shared regions, exposed as numpy arrays. The 
 """
 
 import ctypes
+import math
 import mmap
 import os
 import threading
@@ -129,12 +130,14 @@ class Registered:
     CUDA tensor `device` is its CUDA device and `address` its device pointer (never to be read
     from the host); for a host tensor `device` is None."""
 
-    __slots__ = ("id", "name", "op", "dtype", "shape", "address", "nbytes", "spec", "device",
-                 "buffer", "region", "owner")
+    __slots__ = ("id", "name", "op", "dtype", "shape", "numel", "address", "nbytes", "spec",
+                 "device", "buffer", "region", "owner", "_raw")
 
     def __init__(self, tid, name, op, dtype, shape, address, nbytes, device=None, region=None):
         self.id, self.name, self.op, self.dtype = tid, name, op, dtype
         self.shape, self.address, self.nbytes = tuple(shape), address, nbytes
+        self.numel = math.prod(self.shape)  # the shape never changes: a new spec registers anew
+        self._raw = None  # raw()'s array, made once (the region is mapped once, in register)
         self.device = device
         self.region = region
         self.spec = None  # free for the caller (the torch shim keeps its cache key here)
@@ -142,16 +145,14 @@ class Registered:
         self.owner = None  # free for the caller (the torch shim: a weakref to the tensor living
                            # in the region)
 
-    @property
-    def numel(self):
-        return int(np.prod(self.shape, dtype=np.int64))
-
     def raw(self):
         """The data bytes of the region as a writable uint8 array (numel * itemsize bytes)."""
-        nbytes = self.numel * ITEMSIZE[self.dtype]
-        if self.region is None or nbytes == 0:
-            return np.zeros(0, dtype=np.uint8)
-        return np.frombuffer(self.region, dtype=np.uint8, count=nbytes)
+        if self._raw is None:
+            nbytes = self.numel * ITEMSIZE[self.dtype]
+            if self.region is None or nbytes == 0:
+                return np.zeros(0, dtype=np.uint8)
+            self._raw = np.frombuffer(self.region, dtype=np.uint8, count=nbytes)
+        return self._raw
 
     def array(self, np_dtype):
         """The region as a numpy array of `np_dtype` (same item size as the wire dtype)."""
