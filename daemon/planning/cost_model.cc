@@ -6,7 +6,9 @@
 
 namespace sparsync::planning {
 
-LinearCost LinearCost::Fit(const std::vector<std::pair<double, double>>& samples) {
+LinearCost LinearCost::Fit(const std::vector<std::pair<double, double>>& samples,
+                           bool* clamped_fixed) {
+  if (clamped_fixed) *clamped_fixed = false;
   if (samples.empty()) return {};
   double n = static_cast<double>(samples.size());
   double mean_x = 0, mean_y = 0;
@@ -33,6 +35,7 @@ LinearCost LinearCost::Fit(const std::vector<std::pair<double, double>>& samples
     fit.per_element_s = 0;
     fit.fixed_s = std::max(0.0, mean_y);
   } else if (fit.fixed_s < 0) {
+    if (clamped_fixed) *clamped_fixed = true;
     double sx2 = 0, sxy0 = 0;
     for (const auto& [x, y] : samples) {
       sx2 += x * x;

@@ -23,7 +23,10 @@ struct LinearCost {
   double At(double elements) const { return fixed_s + per_element_s * elements; }
   // Least-squares fit of (elements, seconds) samples; both coefficients clamped at >= 0.
   // One distinct size gives a line through the origin's slope; no samples give zero.
-  static LinearCost Fit(const std::vector<std::pair<double, double>>& samples);
+  // `clamped_fixed` (optional) is set when the fixed cost came out negative and the line was
+  // refitted through the origin.
+  static LinearCost Fit(const std::vector<std::pair<double, double>>& samples,
+                        bool* clamped_fixed = nullptr);
   std::string ToString() const;
   bool operator==(const LinearCost&) const = default;
 };
