@@ -20,6 +20,9 @@
 //   - two sizes at least a factor of two apart: the α-β line is fitted through the medians,
 //     and kept if its slope at least doubles the largest size's time (else every size seen is
 //     latency-bound, the slope is noise, and the line must not be extrapolated: next rule);
+//     a fit whose start-up comes out negative keeps the calibrated start-up (when there is
+//     one) and fits the slope alone, since a line through the origin prices small groups at
+//     nothing;
 //   - otherwise (one group per step, groups of one size, latency-bound sizes only): the
 //     calibrated line is scaled by the median ratio of measured to calibrated time, which keeps
 //     its shape;
