@@ -48,10 +48,11 @@ def main():
     sizes = [int(e) for e in args.elements.split(",")]
     daemons = [(name, {"SPARSYNC_DAEMON": os.path.abspath(path)})
                for name, path in (d.split("=", 1) for d in args.daemon)]
-    # Another checkout's package would look for the daemon and client library in its own tree.
-    here = {"SPARSYNC_DAEMON": find_daemon(), "SPARSYNC_CLIENT_LIB": find_client_library()}
-    daemons += [(name, dict(here, PYTHONPATH=os.path.abspath(path)))
-                for name, path in (d.split("=", 1) for d in args.shim)]
+    if args.shim:
+        # Another checkout's package would look for the daemon and client library in its tree.
+        here = {"SPARSYNC_DAEMON": find_daemon(), "SPARSYNC_CLIENT_LIB": find_client_library()}
+        daemons += [(name, dict(here, PYTHONPATH=os.path.abspath(path)))
+                    for name, path in (d.split("=", 1) for d in args.shim)]
     daemons = daemons or [("sparsync", {})]
     runner = os.path.join(os.path.dirname(sys.executable), "sparsyncrun")
     base_env = dict(os.environ, SPARSYNC_COMPRESSOR="none", SPARSYNC_LOG_LEVEL="warn")

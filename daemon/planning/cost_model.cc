@@ -36,15 +36,19 @@ LinearCost LinearCost::Fit(const std::vector<std::pair<double, double>>& samples
     fit.fixed_s = std::max(0.0, mean_y);
   } else if (fit.fixed_s < 0) {
     if (clamped_fixed) *clamped_fixed = true;
-    double sx2 = 0, sxy0 = 0;
-    for (const auto& [x, y] : samples) {
-      sx2 += x * x;
-      sxy0 += x * y;
-    }
-    fit.fixed_s = 0;
-    fit.per_element_s = sx2 > 0 ? std::max(0.0, sxy0 / sx2) : 0.0;
+    return FitSlope(samples, 0);
   }
   return fit;
+}
+
+LinearCost LinearCost::FitSlope(const std::vector<std::pair<double, double>>& samples,
+                                double fixed_s) {
+  double sxx = 0, sxy = 0;
+  for (const auto& [x, y] : samples) {
+    sxx += x * x;
+    sxy += x * (y - fixed_s);
+  }
+  return {fixed_s, sxx > 0 ? std::max(0.0, sxy / sxx) : 0.0};
 }
 
 std::string LinearCost::ToString() const {

@@ -27,6 +27,9 @@ struct LinearCost {
   // refitted through the origin.
   static LinearCost Fit(const std::vector<std::pair<double, double>>& samples,
                         bool* clamped_fixed = nullptr);
+  // The least-squares slope of the samples with the fixed cost held at `fixed_s` (clamped >= 0).
+  static LinearCost FitSlope(const std::vector<std::pair<double, double>>& samples,
+                             double fixed_s);
   std::string ToString() const;
   bool operator==(const LinearCost&) const = default;
 };

@@ -64,12 +64,7 @@ LinearCost CostTracker::Refresh(const LinearCost& base, double Sample::*seconds)
   if (largest >= 2 * smallest) {
     bool through_origin = false;
     const LinearCost fit = LinearCost::Fit(medians, &through_origin);
-    // The slope is seen only where it at least doubles the largest size's time. Below that
-    // every size is latency-bound (as the small tensors that a compressing job sends dense
-    // are) and the slope is noise: extrapolated to a group a hundred times larger, a flat line
-    // would call a dense allreduce of the whole model as cheap as that of a bias.
-    const bool sees_slope = fit.per_element_s * largest >= fit.fixed_s;
-    // A fixed cost that comes out negative is noise too (the larger sizes happened to cost more
+    // A fixed cost that comes out negative is noise (the larger sizes happened to cost more
     // than a line through the smaller ones says), and the line Fit then draws through the
     // origin prices a small group at nearly nothing: the planner splits the model into many
     // groups, each of which pays the real start-up. Measured on the dilated ResNet-20 at a
@@ -77,15 +72,12 @@ LinearCost CostTracker::Refresh(const LinearCost& base, double Sample::*seconds)
     // calibrated 13.1 ms start-up, a 9-group plan, 1.40x the iteration of compressor none.
     // The samples cannot tell the start-up from the per-element cost then; the calibration
     // timed sizes three decades apart, so its start-up is held and the slope alone is fitted.
-    if (through_origin && base.fixed_s > 0) {
-      double sxx = 0, sxy = 0;
-      for (const auto& [x, y] : medians) {
-        sxx += x * x;
-        sxy += x * (y - base.fixed_s);
-      }
-      return {base.fixed_s, sxx > 0 ? std::max(0.0, sxy / sxx) : 0.0};
-    }
-    if (sees_slope || base == LinearCost{}) return fit;
+    if (through_origin && base.fixed_s > 0) return LinearCost::FitSlope(medians, base.fixed_s);
+    // The slope is seen only where it at least doubles the largest size's time. Below that
+    // every size is latency-bound (as the small tensors that a compressing job sends dense
+    // are) and the slope is noise: extrapolated to a group a hundred times larger, a flat line
+    // would call a dense allreduce of the whole model as cheap as that of a bias.
+    if (fit.per_element_s * largest >= fit.fixed_s || base == LinearCost{}) return fit;
   }
 
   std::vector<double> ratios;
