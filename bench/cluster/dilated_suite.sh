@@ -10,7 +10,7 @@
 # that order). Others: sweep (D = 1, 3, 10, 20 whatever D says) and sweep40 (D = 40, the modes
 # that still moved from 10 to 20), the dilation sweep on ResNet-50; resnet50_peers, the sweep's
 # modes beside the peers it leaves out; dense_merge, sparsync's dense with 64 MiB buckets
-# (Horovod-style) instead of its default MG-WFBP plan, beside Horovod; vgg16_imagenet_p4 (P = 4:
+# (Horovod-style) instead of its default plan (optimal), beside Horovod; vgg16_imagenet_p4 (P = 4:
 # at P = 8 eight daemons' top-k state does not fit in 24 GiB) and vgg16_imagenet_peers;
 # sparse_more, sparsync's sparse modes alone on AlexNet, the PTB LSTM and Inception-v4 (their
 # dense and peer rows are the long ones). SUITE_HARNESS_ARGS, if set, is appended to every

@@ -15,7 +15,7 @@ environment, teardown) and runs nothing.
 
 Modes (SPARSYNC_* given to the daemons):
   dense      SPARSYNC_COMPRESSOR=none: sparsync's Gloo ring allreduce with the daemon's default
-             merge (MG-WFBP for compressor none) or --dense-merge (e.g. fixed:64MiB, Horovod's)
+             merge (optimal, the dense lines' costs) or --dense-merge (e.g. fixed:64MiB, Horovod's)
   layerwise  topk, SPARSYNC_MERGE=layerwise (LAGS-SGD: each tensor alone)
   single     topk, SPARSYNC_MERGE=single (TopK-SGD: one group after backward)
   fixed      topk, SPARSYNC_MERGE=fixed:<4 * --fixed-elements> bytes (the authors' 8192
