@@ -38,32 +38,56 @@ void AddRankNews(RankEvent event, int32_t rank, RankNews* news) {
 }  // namespace
 
 NodeAgent::NodeAgent(CoordinatorLink* link, int node_rank, bool direct, JobFailure* failure,
-                     std::chrono::milliseconds give_up_after, observe::Observer* observer)
+                     std::chrono::milliseconds give_up_after, observe::Observer* observer,
+                     std::chrono::milliseconds hold_limit)
     : link_(link),
       node_rank_(node_rank),
       direct_(direct),
       failure_(failure),
       give_up_after_(give_up_after),
-      observer_(observer) {}
+      observer_(observer),
+      hold_limit_(hold_limit) {}
 
 NodeAgent::~NodeAgent() { Stop(); }
 
 void NodeAgent::Start() {
-  if (direct_) return;
+  // The reporter sends the queued reports (remote) and those held past hold_limit_ (both modes:
+  // in direct mode everything else is sent on the reporting thread).
   reporter_ = std::thread([this] {
     NameThisThread("ssd-report");
+    std::unique_lock send_lock(send_mu_, std::defer_lock);
     std::unique_lock lock(mu_);
     while (true) {
-      outbox_cv_.wait(lock, [&] { return stopping_ || !outbox_.empty(); });
+      auto work = [&] { return stopping_ || !outbox_.empty(); };
+      if (groups_held_ > 0) {
+        Clock::time_point first = Clock::time_point::max();
+        for (const HeldGroup& g : held_) {
+          if (!g.held.empty()) first = std::min(first, g.since);
+        }
+        outbox_cv_.wait_until(lock, first + hold_limit_, work);
+      } else {
+        // Woken by the first group held, to arm its deadline.
+        outbox_cv_.wait(lock, [&] { return work() || groups_held_ > 0; });
+      }
       if (stopping_) return;
+      if (direct_) {  // send_mu_ comes before mu_
+        lock.unlock();
+        send_lock.lock();
+        lock.lock();
+      }
       std::vector<ReadyTensor> batch(std::make_move_iterator(outbox_.begin()),
                                      std::make_move_iterator(outbox_.end()));
       outbox_.clear();
+      const size_t queued = batch.size();
+      TakeHeld(/*all=*/false, Clock::now() - hold_limit_, &batch);
+      reports_in_flight_ += static_cast<int>(batch.size() - queued);
       lock.unlock();
-      SendReports(std::move(batch));
+      if (!batch.empty()) SendReportsLocked(std::move(batch));
+      if (send_lock.owns_lock()) send_lock.unlock();
       lock.lock();
     }
   });
+  if (direct_) return;
   poller_ = std::thread([this] {
     NameThisThread("ssd-poll");
     PollLoop();
@@ -87,20 +111,118 @@ void NodeAgent::Stop() {
 }
 
 void NodeAgent::Report(ReadyTensor tensor) {
+  std::unique_lock send_lock(send_mu_, std::defer_lock);
+  if (direct_) send_lock.lock();  // sent below, in the order taken
+  std::vector<ReadyTensor> batch;
+  bool wake = false;
   {
     std::lock_guard lock(mu_);
-    ++reports_in_flight_;
-    if (!direct_) outbox_.push_back(std::move(tensor));
+    if (tensor.event_rank >= 0) {
+      TakeHeld(/*all=*/true, Clock::time_point::max(), &batch);  // the tensors before it
+      batch.push_back(std::move(tensor));
+    } else if (!Hold(&tensor, &batch, &wake)) {
+      batch.push_back(std::move(tensor));
+    }
+    reports_in_flight_ += static_cast<int>(batch.size());
+    if (!direct_) {
+      for (ReadyTensor& r : batch) outbox_.push_back(std::move(r));
+      wake = wake || !batch.empty();
+      batch.clear();
+    }
   }
+  if (!batch.empty()) SendReportsLocked(std::move(batch));
+  if (wake) outbox_cv_.notify_one();
+}
+
+bool NodeAgent::Hold(ReadyTensor* tensor, std::vector<ReadyTensor>* batch, bool* wake) {
+  if (hold_position_.empty()) return false;
+  auto slot = slot_by_signature_.find(tensor->meta.SignatureKey());
+  if (slot == slot_by_signature_.end()) return false;
+  auto at = hold_position_.find(slot->second);
+  if (at == hold_position_.end()) return false;
+  HeldGroup& group = held_[at->second.first];
+  const uint32_t pos = at->second.second;
+  if (group.seen[pos]) {
+    // Ready again before its group was complete: a round this plan does not describe. What is
+    // held goes, and this tensor starts the group's next round.
+    ReleaseGroup(&group, batch);
+    std::fill(group.seen.begin(), group.seen.end(), false);
+    group.seen_count = 0;
+    group.expired = false;
+  }
+  group.seen[pos] = true;
+  const bool complete = ++group.seen_count == group.seen.size();
+  if (complete) {
+    ReleaseGroup(&group, batch);
+    batch->push_back(std::move(*tensor));
+    std::fill(group.seen.begin(), group.seen.end(), false);
+    group.seen_count = 0;
+    group.expired = false;
+    return true;
+  }
+  if (group.expired) return false;
+  if (group.held.empty()) {
+    group.since = Clock::now();
+    if (groups_held_++ == 0) *wake = true;
+  }
+  group.held.push_back(std::move(*tensor));
+  return true;
+}
+
+void NodeAgent::ReleaseGroup(HeldGroup* group, std::vector<ReadyTensor>* batch) {
+  if (group->held.empty()) return;
+  for (ReadyTensor& r : group->held) batch->push_back(std::move(r));
+  group->held.clear();
+  --groups_held_;
+}
+
+void NodeAgent::TakeHeld(bool all, Clock::time_point cutoff, std::vector<ReadyTensor>* batch) {
+  if (groups_held_ == 0) return;
+  for (HeldGroup& group : held_) {
+    if (group.held.empty() || (!all && group.since > cutoff)) continue;
+    ReleaseGroup(&group, batch);
+    group.expired = true;
+  }
+}
+
+void NodeAgent::HoldBy(const PlanInfo& plan) {
+  std::unique_lock send_lock(send_mu_, std::defer_lock);
+  if (direct_) send_lock.lock();
+  std::vector<ReadyTensor> batch;
+  {
+    std::lock_guard lock(mu_);
+    TakeHeld(/*all=*/true, Clock::time_point::max(), &batch);  // the previous plan's
+    hold_position_.clear();
+    held_.clear();
+    for (const std::vector<uint32_t>& slots : plan.groups) {
+      if (slots.size() < 2) continue;  // nothing to wait for
+      for (size_t i = 0; i < slots.size(); ++i) {
+        hold_position_[slots[i]] = {static_cast<uint32_t>(held_.size()),
+                                    static_cast<uint32_t>(i)};
+      }
+      HeldGroup group;
+      group.seen.assign(slots.size(), false);
+      held_.push_back(std::move(group));
+    }
+    reports_in_flight_ += static_cast<int>(batch.size());
+    if (!direct_) {
+      for (ReadyTensor& r : batch) outbox_.push_back(std::move(r));
+    }
+  }
+  if (batch.empty()) return;
   if (direct_) {
-    SendReports({std::move(tensor)});
-    return;
+    SendReportsLocked(std::move(batch));
+  } else {
+    outbox_cv_.notify_one();
   }
-  outbox_cv_.notify_one();
 }
 
 void NodeAgent::SendReports(std::vector<ReadyTensor> batch) {
   std::lock_guard send_lock(send_mu_);
+  SendReportsLocked(std::move(batch));
+}
+
+void NodeAgent::SendReportsLocked(std::vector<ReadyTensor> batch) {
   std::vector<TensorMeta> new_tensors;
   std::vector<ReportedReady> ready;
   RankNews ranks;
@@ -262,6 +384,7 @@ std::vector<ScheduleEntry> NodeAgent::FollowPlans(std::vector<ScheduleEntry> ent
                     e.plan->version, e.plan->planner, e.plan->effective_step,
                     e.plan->groups.size(), e.plan->predicted_s * 1e3);
       plan_ = *e.plan;
+      HoldBy(*plan_);
       if (observer_) {
         observer_->OnPlan({plan_->version, plan_->effective_step, plan_->planner,
                            plan_->groups.size(), plan_->predicted_s, plan_->summary});

@@ -16,12 +16,15 @@
 // ends at once.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "daemon/common/job_failure.h"
 #include "daemon/negotiation/coordinator_link.h"
@@ -31,11 +34,15 @@ namespace sparsync::negotiation {
 
 class NodeAgent {
  public:
+  static constexpr std::chrono::milliseconds kDefaultHoldLimit{100};
+
   // `direct`: the link is in-process (node 0): report and poll without helper threads.
   // `give_up_after`: how long the coordinator may be unreachable before the job fails here.
   // `observer` (may be null; outlives the agent) hears of each plan as it reaches the executor.
+  // `hold_limit`: how long a plan group's reports may be held (above).
   NodeAgent(CoordinatorLink* link, int node_rank, bool direct, JobFailure* failure,
-            std::chrono::milliseconds give_up_after, observe::Observer* observer = nullptr);
+            std::chrono::milliseconds give_up_after, observe::Observer* observer = nullptr,
+            std::chrono::milliseconds hold_limit = kDefaultHoldLimit);
   ~NodeAgent();
 
   void Start();
@@ -63,7 +70,27 @@ class NodeAgent {
   void Leave();
 
  private:
-  void SendReports(std::vector<ReadyTensor> batch);
+  // A plan group's reports held on this node (see "Reports that follow the plan").
+  struct HeldGroup {
+    std::vector<bool> seen;  // members ready in this round, by position in the group
+    size_t seen_count = 0;
+    bool expired = false;    // held for hold_limit_ this round: the rest go one by one
+    std::vector<ReadyTensor> held;
+    Clock::time_point since;
+  };
+
+  // Takes `tensor` into its plan group, or answers false (report it now). A group that is
+  // complete moves its held reports to `batch`; `*wake`: the first group held (the reporter
+  // arms its deadline). mu_ held.
+  bool Hold(ReadyTensor* tensor, std::vector<ReadyTensor>* batch, bool* wake);
+  // Moves the held reports of every group (`all`), or of those held since before `cutoff`, to
+  // `batch`, group by group. mu_ held.
+  void TakeHeld(bool all, Clock::time_point cutoff, std::vector<ReadyTensor>* batch);
+  void ReleaseGroup(HeldGroup* group, std::vector<ReadyTensor>* batch);
+  // Replaces the plan reports are held by; what the previous one held is sent.
+  void HoldBy(const PlanInfo& plan);
+  void SendReports(std::vector<ReadyTensor> batch);  // takes send_mu_
+  void SendReportsLocked(std::vector<ReadyTensor> batch);
   std::vector<ScheduleEntry> Receive(std::chrono::milliseconds wait);
   // Takes plan announcements out of `entries` and checks that groups match their plan.
   std::vector<ScheduleEntry> FollowPlans(std::vector<ScheduleEntry> entries);
@@ -80,6 +107,7 @@ class NodeAgent {
   JobFailure* const failure_;
   const std::chrono::milliseconds give_up_after_;
   observe::Observer* const observer_;
+  const std::chrono::milliseconds hold_limit_;
 
   std::mutex mu_;
   // One condition variable per kind of waiter, so that a change wakes only the thread it is for
@@ -95,8 +123,14 @@ class NodeAgent {
   // The slot maps and the reports whose answers may still add to them; guarded by mu_.
   std::unordered_map<std::string, uint32_t> slot_by_signature_;
   std::unordered_map<uint32_t, std::string> name_by_slot_;
-  int reports_in_flight_ = 0;  // tensors passed to Report whose report has not been answered
-  std::mutex send_mu_;  // serialises reports (direct mode sends on the caller's thread)
+  int reports_in_flight_ = 0;  // tensors sent or queued whose report has not been answered
+  // Reports held by plan group; guarded by mu_.
+  std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> hold_position_;  // slot: group, pos
+  std::vector<HeldGroup> held_;
+  int groups_held_ = 0;  // groups with held reports
+  // Serialises reports, so that they reach the coordinator in the order they were taken: direct
+  // mode sends on the caller's thread. Taken before mu_.
+  std::mutex send_mu_;
   std::optional<PlanInfo> plan_;  // the latest plan; only the executor's thread calls Next
   std::thread reporter_;
   std::thread poller_;

@@ -203,8 +203,11 @@ class NodeAgentTest : public ::testing::Test {
       if (agent_) agent_->OnFailure(e, s);
     });
   }
-  std::unique_ptr<NodeAgent> Make(bool direct, std::chrono::milliseconds give_up_after = 10s) {
-    auto agent = std::make_unique<NodeAgent>(&link_, kRank, direct, &failure_, give_up_after);
+  std::unique_ptr<NodeAgent> Make(bool direct, std::chrono::milliseconds give_up_after = 10s,
+                                  std::chrono::milliseconds hold_limit =
+                                      NodeAgent::kDefaultHoldLimit) {
+    auto agent = std::make_unique<NodeAgent>(&link_, kRank, direct, &failure_, give_up_after,
+                                             nullptr, hold_limit);
     agent_ = agent.get();
     agent->Start();
     return agent;
@@ -636,6 +639,137 @@ TEST_P(NodeAgentModeTest, AnEntryWaitsForTheReportThatBringsItsSlot) {
   ASSERT_EQ(got[0].group.size(), 1u);
   EXPECT_EQ(got[0].group[0].name, "late");
 }
+
+// Reports that follow the plan: t1 .. t5 have slots 1 .. 5 and the agent follows a plan whose
+// group 0 is {1, 2, 3} and group 1 is {4}; t5 is outside it.
+class NodeAgentHoldTest : public NodeAgentModeTest {
+ protected:
+  std::unique_ptr<NodeAgent> MakeWithPlan(std::chrono::milliseconds hold_limit) {
+    auto agent = Make(GetParam(), 10s, hold_limit);
+    Know(*agent, 5);
+    Follow(*agent, Plan(1, 1, {{1, 2, 3}, {4}}), 2);
+    known_ = link_.reports().size();
+    return agent;
+  }
+  // Hands the agent `plan`; returns once the executor has passed it (the group after it came).
+  void Follow(NodeAgent& agent, ScheduleEntry plan, uint64_t next_seq) {
+    link_.PushPollAnswer(std::vector<ScheduleEntry>{std::move(plan), Group(next_seq, {5})});
+    ASSERT_EQ(Collect(agent, 1, 5s).size(), 1u);
+  }
+  void Report(NodeAgent& agent, int tensor, int64_t ready_ns = 0) {
+    agent.Report(Ready(Meta("t" + std::to_string(tensor), {1}), {}, ready_ns));
+  }
+  // The reports after those of Know, once they carry `n` tensors: each report's slots. (In
+  // remote mode reports that queue while one is in flight go together.)
+  std::vector<std::string> Sent(size_t n) {
+    std::vector<std::string> out;
+    auto start = std::chrono::steady_clock::now();
+    while (SecondsSince(start) < 5) {
+      out.clear();
+      size_t tensors = 0;
+      auto reports = link_.reports();
+      for (size_t i = known_; i < reports.size(); ++i) {
+        std::string slots;
+        for (const ReportedReady& r : reports[i].ready) {
+          slots += (slots.empty() ? "" : ",") + (r.slot ? std::to_string(*r.slot) : "new");
+          ++tensors;
+        }
+        out.push_back(slots);
+      }
+      if (tensors >= n) break;
+      std::this_thread::sleep_for(2ms);
+    }
+    return out;
+  }
+  std::string Joined(const std::vector<std::string>& reports) {
+    std::string all;
+    for (const std::string& r : reports) all += (all.empty() ? "" : ",") + r;
+    return all;
+  }
+  size_t known_ = 0;
+};
+
+TEST_P(NodeAgentHoldTest, AGroupIsReportedOnceWhenItsLastTensorIsReady) {
+  auto agent = MakeWithPlan(10s);
+  Report(*agent, 1, 11);
+  Report(*agent, 2, 12);
+  Report(*agent, 4);  // a group of one: nothing to wait for
+  Report(*agent, 5);  // outside the plan
+  EXPECT_EQ(Joined(Sent(2)), "4,5");
+  Report(*agent, 3, 13);
+  EXPECT_EQ(Sent(5).back(), "1,2,3") << "one report";
+  auto last = link_.reports().back().ready;
+  EXPECT_EQ(last[0].ready_ns, 11) << "each tensor keeps its own ready time";
+  EXPECT_EQ(last[2].ready_ns, 13);
+  // The next round is held again.
+  Report(*agent, 2);
+  Report(*agent, 1);
+  Report(*agent, 3);
+  EXPECT_EQ(Sent(8).back(), "2,1,3");
+  agent->Stop();
+}
+
+// A tensor that does not come: what is held goes after hold_limit, and the group's later
+// members go one by one until it is complete; then the next round is held again.
+TEST_P(NodeAgentHoldTest, WhatIsHeldTooLongGoesAndTheRestFollowAlone) {
+  auto agent = MakeWithPlan(150ms);
+  auto start = std::chrono::steady_clock::now();
+  Report(*agent, 1);
+  Report(*agent, 2);
+  EXPECT_EQ(Sent(2), std::vector<std::string>{"1,2"});
+  EXPECT_GE(SecondsSince(start), 0.15);
+  EXPECT_LT(SecondsSince(start), 3.0);
+  Report(*agent, 3);
+  EXPECT_EQ(Sent(3).back(), "3") << "not held: its group was sent";
+  Report(*agent, 1);
+  Report(*agent, 2);
+  Report(*agent, 3);
+  EXPECT_EQ(Sent(6).back(), "1,2,3");
+  agent->Stop();
+}
+
+// Rank news must follow the tensors reported before it: it takes what is held along, first.
+TEST_P(NodeAgentHoldTest, RankNewsSendsWhatIsHeldFirst) {
+  auto agent = MakeWithPlan(10s);
+  Report(*agent, 1);
+  agent->ReportRank(RankEvent::kJoined, 0);
+  EXPECT_EQ(Sent(1), std::vector<std::string>{"1"});
+  EXPECT_EQ(link_.reports().back().ranks.joined, std::vector<int32_t>{0});
+  agent->Stop();
+}
+
+// A new plan sends what the previous one held, and holds by its own groups.
+TEST_P(NodeAgentHoldTest, ANewPlanSendsWhatTheOldOneHeld) {
+  auto agent = MakeWithPlan(10s);
+  Report(*agent, 1);
+  Report(*agent, 4);
+  EXPECT_EQ(Sent(1), std::vector<std::string>{"4"});
+  Follow(*agent, Plan(3, 2, {{1}, {2, 3, 4}}), 4);
+  EXPECT_EQ(Sent(2).back(), "1");
+  Report(*agent, 4);
+  Report(*agent, 2);
+  Report(*agent, 1);  // a group of one now
+  EXPECT_EQ(Sent(3).back(), "1");
+  Report(*agent, 3);
+  EXPECT_EQ(Sent(6).back(), "4,2,3");
+  agent->Stop();
+}
+
+// A tensor ready again before its group was complete: the round it started is not the plan's;
+// what was held goes, and the tensor starts the next round.
+TEST_P(NodeAgentHoldTest, ATensorReadyAgainSendsTheRoundBefore) {
+  auto agent = MakeWithPlan(10s);
+  Report(*agent, 1);
+  Report(*agent, 1);
+  EXPECT_EQ(Sent(1), std::vector<std::string>{"1"});
+  Report(*agent, 2);
+  Report(*agent, 3);
+  EXPECT_EQ(Sent(4).back(), "1,2,3");
+  agent->Stop();
+}
+
+INSTANTIATE_TEST_SUITE_P(RemoteAndDirect, NodeAgentHoldTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Direct" : "Remote"; });
 
 // With no report in flight, a slot the agent never learned is the coordinator's error, at once.
 TEST_F(NodeAgentSlotTest, ASlotNeverReportedIsAFatalEntry) {
