@@ -142,22 +142,13 @@ bool NodeAgent::Hold(ReadyTensor* tensor, std::vector<ReadyTensor>* batch, bool*
   if (at == hold_position_.end()) return false;
   HeldGroup& group = held_[at->second.first];
   const uint32_t pos = at->second.second;
-  if (group.seen[pos]) {
-    // Ready again before its group was complete: a round this plan does not describe. What is
-    // held goes, and this tensor starts the group's next round.
-    ReleaseGroup(&group, batch);
-    std::fill(group.seen.begin(), group.seen.end(), false);
-    group.seen_count = 0;
-    group.expired = false;
-  }
+  // Ready again before its group was complete: a round this plan does not describe. What is
+  // held goes, and this tensor starts the group's next round.
+  if (group.seen[pos]) EndRound(&group, batch);
   group.seen[pos] = true;
-  const bool complete = ++group.seen_count == group.seen.size();
-  if (complete) {
-    ReleaseGroup(&group, batch);
+  if (++group.seen_count == group.seen.size()) {
+    EndRound(&group, batch);
     batch->push_back(std::move(*tensor));
-    std::fill(group.seen.begin(), group.seen.end(), false);
-    group.seen_count = 0;
-    group.expired = false;
     return true;
   }
   if (group.expired) return false;
@@ -174,6 +165,13 @@ void NodeAgent::ReleaseGroup(HeldGroup* group, std::vector<ReadyTensor>* batch) 
   for (ReadyTensor& r : group->held) batch->push_back(std::move(r));
   group->held.clear();
   --groups_held_;
+}
+
+void NodeAgent::EndRound(HeldGroup* group, std::vector<ReadyTensor>* batch) {
+  ReleaseGroup(group, batch);
+  std::fill(group->seen.begin(), group->seen.end(), false);
+  group->seen_count = 0;
+  group->expired = false;
 }
 
 void NodeAgent::TakeHeld(bool all, Clock::time_point cutoff, std::vector<ReadyTensor>* batch) {

@@ -87,6 +87,8 @@ class NodeAgent {
   // `batch`, group by group. mu_ held.
   void TakeHeld(bool all, Clock::time_point cutoff, std::vector<ReadyTensor>* batch);
   void ReleaseGroup(HeldGroup* group, std::vector<ReadyTensor>* batch);
+  // Releases what `group` holds and starts its next round (nothing seen). mu_ held.
+  void EndRound(HeldGroup* group, std::vector<ReadyTensor>* batch);
   // Replaces the plan reports are held by; what the previous one held is sent.
   void HoldBy(const PlanInfo& plan);
   void SendReports(std::vector<ReadyTensor> batch);  // takes send_mu_
