@@ -15,13 +15,15 @@ import sparsync.torch as hvd
 
 hvd.init()
 r, n = hvd.rank(), hvd.size()
-hvd.allreduce(torch.ones(3), name="warmup")
 local = hvd.local_size()
 odd = r == n - 1 if os.environ["MISMATCH"] == "local" else r >= n - local
 shape = (5, 4) if odd else (4, 4)
 start = time.monotonic()
 result = {"rank": r}
 try:
+    # Inside the try: a worker still waiting on the warm-up when another node's workers differ
+    # (MISMATCH=local fails the job as soon as the odd one registers) gets the same error there.
+    hvd.allreduce(torch.ones(3), name="warmup")
     hvd.allreduce(torch.ones(shape), name="mismatched")
     result["error"] = None
 except sparsync.SparsyncError as e:

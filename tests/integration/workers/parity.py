@@ -185,10 +185,14 @@ if n > 1:
         except ValueError as e:
             check(what + " on a subset refused", "has not been added" in str(e), str(e))
 
-# --- HorovodInternalError on a failed collective (shapes differ between ranks) -------------------
+# --- HorovodInternalError on a failed collective (shapes differ between nodes) -------------------
+# The shape follows the node, not the rank: the coordinator sees the difference only once every
+# worker has posted, so none is still waiting on the collective above when the job fails (a
+# difference between two workers of one node fails the job as soon as the second registers).
 if n > 1:
+    differ_by = hvd.cross_rank() if hvd.cross_size() > 1 else hvd.local_rank()
     try:
-        hvd.allreduce(torch.ones(r + 1), name="mismatch")
+        hvd.allreduce(torch.ones(differ_by + 1), name="mismatch")
         check("mismatch raises", False)
     except hvd.HorovodInternalError as e:
         check("internal error is SparsyncError", isinstance(e, hvd.SparsyncError))
