@@ -237,25 +237,36 @@ void MergeScheduler::MakePlan(const std::string& why) {
     log_.push_back("planning failed: " + plan.status().message());
     return;
   }
+  // What the other planners predict, to see how far the chosen one is from the optimum.
+  std::vector<std::pair<planning::PlannerKind, planning::Plan>> others;
+  for (auto other : {planning::PlannerKind::kOptimal, planning::PlannerKind::kOmgs,
+                     planning::PlannerKind::kLayerwise, planning::PlannerKind::kSingle}) {
+    if (other == *kind) continue;
+    auto p = planning::MakePlan(other, in);
+    if (p.ok()) others.emplace_back(other, *std::move(p));
+  }
+  const double chosen_s = plan->predicted_s;  // before fewer groups, for the log
+  std::string fewer;
+  if (*kind == planning::PlannerKind::kOptimal) fewer = PreferFewerGroups(others, &*plan);
   if (plan_ && !Improves(in, *plan, planning::PlannerName(*kind))) {
     // The plan in force stays: nothing announced, nothing logged.
     ++plans_held_;
     SetReference(in, planning::Simulate(in, plan_starts_, plan_dense_).iteration_s);
     return;
   }
-  // What the other planners predict, to see how far the chosen one is from the optimum.
   std::ostringstream summary;
   summary << in.cost.ToString() << "; backward " << Ms(SampleSpan(samples_.back().node_ready, num_nodes_))
           << "; predicted:";
   for (auto other : {planning::PlannerKind::kOptimal, planning::PlannerKind::kOmgs,
                      planning::PlannerKind::kLayerwise, planning::PlannerKind::kSingle}) {
-    if (other == *kind) {
-      summary << " " << planning::PlannerName(other) << " " << Ms(plan->predicted_s);
-      continue;
+    double predicted_s = -1;
+    if (other == *kind) predicted_s = chosen_s;
+    for (const auto& [k, p] : others) {
+      if (k == other) predicted_s = p.predicted_s;
     }
-    auto p = planning::MakePlan(other, in);
-    if (p.ok()) summary << " " << planning::PlannerName(other) << " " << Ms(p->predicted_s);
+    if (predicted_s >= 0) summary << " " << planning::PlannerName(other) << " " << Ms(predicted_s);
   }
+  summary << fewer;
 
   PlanInfo info;
   info.version = ++plans_made_;
@@ -288,26 +299,53 @@ void MergeScheduler::MakePlan(const std::string& why) {
   out_.push_back(std::move(announce));
 }
 
-bool MergeScheduler::Improves(const planning::PlanInput& in, const planning::Plan& next,
-                              const std::string& name) const {
-  if (name != plan_->planner) return true;  // another planner of the list was asked for
-  if (next.starts == plan_starts_ && next.dense == plan_dense_) return false;
-  const double now_s = planning::Simulate(in, plan_starts_, plan_dense_).iteration_s;
-  // The model's own error on a prediction of now_s: the spread of the cost samples around
-  // their lines (the dense ones too when either plan sends a group dense), and that of the
-  // measured backward time from step to step.
+double MergeScheduler::ModelError(double predicted_s, bool dense_lines) const {
+  // The spread of the cost samples around their lines (the dense ones too when a plan sends a
+  // group dense), and that of the measured backward time from step to step.
   double relative = costs_.RelativeError();
-  if (!next.dense.empty() || !plan_dense_.empty()) {
-    relative = std::max(relative, dense_costs_.RelativeError());
-  }
+  if (dense_lines) relative = std::max(relative, dense_costs_.RelativeError());
   const double mean = MeasuredSpan();
   double variance = 0;
   for (const StepSample& s : samples_) {
     const double d = SampleSpan(s.node_ready, num_nodes_) - mean;
     variance += d * d / static_cast<double>(samples_.size());
   }
-  const double error_s = std::max(relative * now_s + std::sqrt(variance), 0.01 * now_s);
-  return now_s - next.predicted_s > error_s;
+  return std::max(relative * predicted_s + std::sqrt(variance), 0.01 * predicted_s);
+}
+
+std::string MergeScheduler::PreferFewerGroups(
+    const std::vector<std::pair<planning::PlannerKind, planning::Plan>>& others,
+    planning::Plan* plan) const {
+  const planning::Plan* pick = nullptr;
+  planning::PlannerKind pick_kind{};
+  for (const auto& [kind, other] : others) {
+    if (other.num_groups() >= (pick ? pick->num_groups() : plan->num_groups())) continue;
+    const bool dense_lines = !plan->dense.empty() || !other.dense.empty();
+    if (other.predicted_s - plan->predicted_s > ModelError(plan->predicted_s, dense_lines)) {
+      continue;
+    }
+    pick = &other;
+    pick_kind = kind;
+  }
+  if (!pick) return "";
+  std::ostringstream why;
+  why << "; fewer groups: " << pick->num_groups() << " (" << planning::PlannerName(pick_kind)
+      << "'s plan) predicted " << Ms(pick->predicted_s) << ", within the model's error ("
+      << Ms(ModelError(plan->predicted_s, !plan->dense.empty() || !pick->dense.empty()))
+      << ") of the optimum's " << plan->num_groups();
+  const planning::PlannerKind kind = plan->planner;
+  *plan = *pick;
+  plan->planner = kind;
+  return why.str();
+}
+
+bool MergeScheduler::Improves(const planning::PlanInput& in, const planning::Plan& next,
+                              const std::string& name) const {
+  if (name != plan_->planner) return true;  // another planner of the list was asked for
+  if (next.starts == plan_starts_ && next.dense == plan_dense_) return false;
+  const double now_s = planning::Simulate(in, plan_starts_, plan_dense_).iteration_s;
+  const bool dense_lines = !next.dense.empty() || !plan_dense_.empty();
+  return now_s - next.predicted_s > ModelError(now_s, dense_lines);
 }
 
 void MergeScheduler::SetReference(const planning::PlanInput& in, double predicted_s) {

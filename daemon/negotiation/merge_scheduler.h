@@ -28,6 +28,13 @@
 // backward time, and at least 1 % of the prediction. Otherwise the plan stays, silently, and
 // the drift triggers take today's measurements as their new reference.
 //
+// Fewer groups where more are not worth it. `optimal` picks the fastest grouping under the
+// model, but every group also costs what the model leaves out (a coordinator round, wake-ups of
+// the daemons' threads, CPU taken from a backward pass that shares the cores). So where another
+// planner's plan (`omgs`, `single`, ...) has fewer groups and is predicted no slower than the
+// optimum beyond the model's own error, `optimal` takes the one with the fewest groups, and the
+// plan line says so.
+//
 // Timestamps. Each node stamps a tensor with its own monotonic clock; only differences between
 // two tensors of one node are used, so the nodes' clocks need not agree. The first gradient of a
 // step has no predecessor: its backward time is taken as zero, so predictions count from the
@@ -43,6 +50,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "daemon/negotiation/types.h"
@@ -135,6 +143,14 @@ class MergeScheduler {
   void MaybePlan();
   bool CostsDrifted(std::string* why) const;
   void MakePlan(const std::string& why);
+  // The model's own error on a prediction of `predicted_s` (see Plans that hold still).
+  double ModelError(double predicted_s, bool dense_lines) const;
+  // Fewer groups where more are not worth it: replaces `plan` (the optimum) by the plan of
+  // `others` with the fewest groups among those predicted no slower than it beyond the model's
+  // error. Returns the note for the log ("" when `plan` stays).
+  std::string PreferFewerGroups(
+      const std::vector<std::pair<planning::PlannerKind, planning::Plan>>& others,
+      planning::Plan* plan) const;
   // Whether `next`, made by `name`, should replace the plan in force under `in`'s measurements.
   bool Improves(const planning::PlanInput& in, const planning::Plan& next,
                 const std::string& name) const;

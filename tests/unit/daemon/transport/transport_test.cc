@@ -305,10 +305,12 @@ TEST(GlooFailureTest, TwoNodesThatAbortTogetherBothEndTheirCollectives) {
 // the error can name the node even where every node listens on the same host. Best effort: in
 // about one run in three here (25 of 80), node 0's error names a port that is none of the pairs'
 // (Debian's Gloo 0.0~git20220518) and is reported unnamed after the unnamed wait (in the daemon
-// the coordinator's verdict names the lost node then); node 1's named node 2 in 80 of 80. What
-// must hold: both survivors end well before the Gloo timeout, every error that names a node
-// names node 2 (both survivors wait on it in the ring), and at least one does.
-TEST(GlooFailureTest, APeerSharingTheHostIsNamedByItsPair) {
+// the coordinator's verdict names the lost node then); node 1's named node 2 in 80 of 80 on an
+// idle machine, but once in a full ctest run beside a build neither was named. What must hold:
+// both survivors end well before the Gloo timeout, and every error that names a node names node
+// 2 (both survivors wait on it in the ring); and in one of three tries at least one does.
+// Returns how many of the two survivors named node 2.
+int SurvivorsNamingTheLostPeer() {
   MemoryStore store;
   std::vector<std::unique_ptr<GlooTransport>> cluster(3);
   {
@@ -322,6 +324,9 @@ TEST(GlooFailureTest, APeerSharingTheHostIsNamedByItsPair) {
       });
     }
     for (auto& t : threads) t.join();
+  }
+  for (const auto& t : cluster) {
+    if (!t) return 0;  // failed above
   }
   std::vector<Status> got(3);
   const auto start = Clock::now();
@@ -341,11 +346,19 @@ TEST(GlooFailureTest, APeerSharingTheHostIsNamedByItsPair) {
   EXPECT_LT(SecondsSince(start), 10.0) << "waited for the Gloo timeout";
   int named_2 = 0;
   for (int r = 0; r < 2; ++r) {
-    ASSERT_FALSE(got[r].ok()) << r;
+    EXPECT_FALSE(got[r].ok()) << r;
     const std::string& m = got[r].message();
     if (m.find("the connection to node") == std::string::npos) continue;  // unnamed
     EXPECT_NE(m.find("the connection to node 2"), std::string::npos) << m;
     ++named_2;
+  }
+  return named_2;
+}
+
+TEST(GlooFailureTest, APeerSharingTheHostIsNamedByItsPair) {
+  int named_2 = 0;
+  for (int attempt = 0; attempt < 3 && named_2 == 0 && !HasFailure(); ++attempt) {
+    named_2 = SurvivorsNamingTheLostPeer();
   }
   EXPECT_GE(named_2, 1);
 }
