@@ -247,7 +247,7 @@ void MergeScheduler::MakePlan(const std::string& why) {
   }
   const double chosen_s = plan->predicted_s;  // before fewer groups, for the log
   std::string fewer;
-  if (*kind == planning::PlannerKind::kOptimal) fewer = PreferFewerGroups(others, &*plan);
+  if (*kind == planning::PlannerKind::kOptimal && dense) fewer = PreferFewerGroups(others, &*plan);
   if (plan_ && !Improves(in, *plan, planning::PlannerName(*kind))) {
     // The plan in force stays: nothing announced, nothing logged.
     ++plans_held_;

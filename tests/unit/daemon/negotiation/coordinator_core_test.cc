@@ -356,10 +356,9 @@ TEST(CoordinatorCoreTest, StopWakesEveryWaiter) {
 // C ready 10 ms apart on both nodes (each node's own clock), planned layer by layer.
 TEST(CoordinatorCoreTest, MeasuredGroupCostsReMakeThePlan) {
   CoordinatorOptions o = Options(2);
-  // omgs: when the measured start-up cost grows, merging all three pays; a planner whose
-  // grouping cannot change (layerwise) would hold its plan (plans that hold still), and
-  // `optimal` would start with one group (all plans predict 21 ms: fewer groups).
-  o.merge.planners = {"omgs"};
+  // optimal: when the measured start-up cost grows, merging all three pays; a planner whose
+  // grouping cannot change (layerwise) would hold its plan (plans that hold still).
+  o.merge.planners = {"optimal"};
   o.merge.warmup_steps = 2;
   CoordinatorCore core(o, 2, kToken);
   planning::CostModel calibrated;

@@ -31,6 +31,7 @@ class MergeSchedulerTest : public ::testing::Test {
       g.slot = slots[i];
       g.name = std::string(1, static_cast<char>('A' + slots[i] - 1));
       g.elements = slots[i] == 2 ? 10 : 1000;
+      g.dense = dense_;
       int64_t t = clock_ns_ + static_cast<int64_t>(i * gap_ms * 1e6);
       g.node_ready_ns = {t, t + 123456789};
       taken.push_back(m.Ready(g, now_ + milliseconds(static_cast<int64_t>(i * gap_ms))));
@@ -55,6 +56,7 @@ class MergeSchedulerTest : public ::testing::Test {
     return p;
   }
 
+  bool dense_ = false;  // Step's gradients are reduced without compression
   int64_t clock_ns_ = 5'000'000'000;
   Clock::time_point now_ = Clock::now();
 };
@@ -255,15 +257,20 @@ TEST_F(PlanStabilityTest, ABackwardTimeThatWandersToTheSamePlanIsSilent) {
   EXPECT_GE(m.plans_held(), 2u) << "the drift was noticed, the plan held";
 }
 
-// Fewer groups where more are not worth it. A alone and B+C gain 1000·p over one group (A's
+// Fewer groups where more are not worth it (dense jobs). A alone and B+C gain 1000·p over one group (A's
 // exchange hides behind B and C's backward when f + 1000·p <= 20 ms). With p = 0.2 µs that is
 // 0.2 ms of 39.4 ms, inside the model's error (here its floor, 1 %: the backward times and
 // costs do not spread); with p = 1 µs it is 1 ms of 40.9 ms, beyond it.
 class FewerGroupsTest : public MergeSchedulerTest {
  protected:
-  // The first plan of `optimal` under exchanges of fixed_s + per_element_s·x, and its log line.
-  std::pair<PlanInfo, std::string> FirstPlan(double fixed_s, double per_element_s) {
-    MergeScheduler m(Options({"optimal"}, 2), 2);
+  // The first plan of `optimal` under exchanges of fixed_s + per_element_s·x, and its log line;
+  // a dense job unless `compressing`.
+  std::pair<PlanInfo, std::string> FirstPlan(double fixed_s, double per_element_s,
+                                             bool compressing = false) {
+    MergeOptions o = Options({"optimal"}, 2);
+    o.dense_by_default = !compressing;
+    dense_ = !compressing;
+    MergeScheduler m(o, 2);
     planning::CostModel calibrated;
     calibrated.exchange = {fixed_s, per_element_s};
     m.SetCostModel(calibrated);
@@ -287,6 +294,13 @@ TEST_F(FewerGroupsTest, AnOptimumInsideTheModelsErrorTakesFewerGroups) {
                       "error (0.39 ms) of the optimum's 2"),
             std::string::npos)
       << line;
+}
+
+TEST_F(FewerGroupsTest, ACompressingJobKeepsTheOptimum) {
+  // Its grouping decides what top-k sends: the time model alone does not choose it.
+  auto [plan, line] = FirstPlan(19e-3, 0.2e-6, /*compressing=*/true);
+  EXPECT_EQ(plan.groups, (Groups{{1}, {2, 3}}));
+  EXPECT_EQ(line.find("fewer groups"), std::string::npos) << line;
 }
 
 TEST_F(FewerGroupsTest, AnOptimumBeyondTheModelsErrorKeepsItsGroups) {
