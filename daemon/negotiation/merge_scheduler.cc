@@ -237,23 +237,30 @@ void MergeScheduler::MakePlan(const std::string& why) {
     log_.push_back("planning failed: " + plan.status().message());
     return;
   }
-  // What the other planners predict, to see how far the chosen one is from the optimum.
+  // What the other planners predict, to see how far the chosen one is from the optimum (made
+  // only for a plan that is announced, or that fewer groups may replace).
   std::vector<std::pair<planning::PlannerKind, planning::Plan>> others;
-  for (auto other : {planning::PlannerKind::kOptimal, planning::PlannerKind::kOmgs,
-                     planning::PlannerKind::kLayerwise, planning::PlannerKind::kSingle}) {
-    if (other == *kind) continue;
-    auto p = planning::MakePlan(other, in);
-    if (p.ok()) others.emplace_back(other, *std::move(p));
-  }
+  auto make_others = [&] {
+    for (auto other : {planning::PlannerKind::kOptimal, planning::PlannerKind::kOmgs,
+                       planning::PlannerKind::kLayerwise, planning::PlannerKind::kSingle}) {
+      if (other == *kind) continue;
+      auto p = planning::MakePlan(other, in);
+      if (p.ok()) others.emplace_back(other, *std::move(p));
+    }
+  };
   const double chosen_s = plan->predicted_s;  // before fewer groups, for the log
   std::string fewer;
-  if (*kind == planning::PlannerKind::kOptimal && dense) fewer = PreferFewerGroups(others, &*plan);
+  if (*kind == planning::PlannerKind::kOptimal && dense) {
+    make_others();
+    fewer = PreferFewerGroups(others, &*plan);
+  }
   if (plan_ && !Improves(in, *plan, planning::PlannerName(*kind))) {
     // The plan in force stays: nothing announced, nothing logged.
     ++plans_held_;
     SetReference(in, planning::Simulate(in, plan_starts_, plan_dense_).iteration_s);
     return;
   }
+  if (others.empty()) make_others();
   std::ostringstream summary;
   summary << in.cost.ToString() << "; backward " << Ms(SampleSpan(samples_.back().node_ready, num_nodes_))
           << "; predicted:";
@@ -318,21 +325,21 @@ std::string MergeScheduler::PreferFewerGroups(
     planning::Plan* plan) const {
   const planning::Plan* pick = nullptr;
   planning::PlannerKind pick_kind{};
+  double pick_error_s = 0;
   for (const auto& [kind, other] : others) {
     if (other.num_groups() >= (pick ? pick->num_groups() : plan->num_groups())) continue;
     const bool dense_lines = !plan->dense.empty() || !other.dense.empty();
-    if (other.predicted_s - plan->predicted_s > ModelError(plan->predicted_s, dense_lines)) {
-      continue;
-    }
+    const double error_s = ModelError(plan->predicted_s, dense_lines);
+    if (other.predicted_s - plan->predicted_s > error_s) continue;
     pick = &other;
     pick_kind = kind;
+    pick_error_s = error_s;
   }
   if (!pick) return "";
   std::ostringstream why;
   why << "; fewer groups: " << pick->num_groups() << " (" << planning::PlannerName(pick_kind)
       << "'s plan) predicted " << Ms(pick->predicted_s) << ", within the model's error ("
-      << Ms(ModelError(plan->predicted_s, !plan->dense.empty() || !pick->dense.empty()))
-      << ") of the optimum's " << plan->num_groups();
+      << Ms(pick_error_s) << ") of the optimum's " << plan->num_groups();
   const planning::PlannerKind kind = plan->planner;
   *plan = *pick;
   plan->planner = kind;
