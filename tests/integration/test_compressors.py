@@ -22,7 +22,10 @@ def test_sparse_training_is_identical_everywhere_and_learns(job_factory, compres
     losses = [json.loads((job.outdir / ("rank%d.json" % r)).read_text()) for r in range(4)]
     first = np.mean([l[0] for l in losses])
     last = np.mean([l[-1] for l in losses])
-    assert last < 0.95 * first, "%s did not learn: loss %.4f -> %.4f" % (compressor, first, last)
+    # The plan follows measured times, so the merge groups, and with them what the threshold
+    # compressors keep, vary between runs: gaussiank ended at 0.90-0.96 of the first loss in 15
+    # runs (topk 0.83, dgc 0.35-0.40). A compressor whose update never arrives stays at 1.0.
+    assert last < 0.98 * first, "%s did not learn: loss %.4f -> %.4f" % (compressor, first, last)
     log = job.logs()
     assert "compressor " + compressor in log, "the daemons did not run " + compressor
     job.assert_clean_after_stop(job.stop())
