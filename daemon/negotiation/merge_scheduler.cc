@@ -238,11 +238,14 @@ void MergeScheduler::MakePlan(const std::string& why) {
     return;
   }
   // What the other planners predict, to see how far the chosen one is from the optimum (made
-  // only for a plan that is announced, or that fewer groups may replace).
+  // only for a plan that is announced, or that fewer groups may replace). In a dense job the
+  // paper's rule is MG-WFBP's, the plan the job would follow under `omgs`.
+  const auto compared = {planning::PlannerKind::kOptimal,
+                         dense ? planning::PlannerKind::kMgWfbp : planning::PlannerKind::kOmgs,
+                         planning::PlannerKind::kLayerwise, planning::PlannerKind::kSingle};
   std::vector<std::pair<planning::PlannerKind, planning::Plan>> others;
   auto make_others = [&] {
-    for (auto other : {planning::PlannerKind::kOptimal, planning::PlannerKind::kOmgs,
-                       planning::PlannerKind::kLayerwise, planning::PlannerKind::kSingle}) {
+    for (auto other : compared) {
       if (other == *kind) continue;
       auto p = planning::MakePlan(other, in);
       if (p.ok()) others.emplace_back(other, *std::move(p));
@@ -264,8 +267,7 @@ void MergeScheduler::MakePlan(const std::string& why) {
   std::ostringstream summary;
   summary << in.cost.ToString() << "; backward " << Ms(SampleSpan(samples_.back().node_ready, num_nodes_))
           << "; predicted:";
-  for (auto other : {planning::PlannerKind::kOptimal, planning::PlannerKind::kOmgs,
-                     planning::PlannerKind::kLayerwise, planning::PlannerKind::kSingle}) {
+  for (auto other : compared) {
     double predicted_s = -1;
     if (other == *kind) predicted_s = chosen_s;
     for (const auto& [k, p] : others) {

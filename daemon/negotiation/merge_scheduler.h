@@ -31,7 +31,7 @@
 // Fewer groups where more are not worth it. `optimal` picks the fastest grouping under the
 // model, but every group also costs what the model leaves out (a coordinator round, wake-ups of
 // the daemons' threads, CPU taken from a backward pass that shares the cores). So in a dense job
-// (compressor none), where another planner's plan (`omgs`'s, `single`'s, ...) has fewer
+// (compressor none), where another planner's plan (`mgwfbp`'s, `single`'s, ...) has fewer
 // groups and is predicted no slower than the optimum beyond the model's own error, `optimal`
 // takes the one with the fewest groups, and the plan line says so. A compressing job keeps the
 // optimum: there the grouping decides what is sent (one top-k over a merged group is not the
