@@ -22,6 +22,10 @@ Modes (SPARSYNC_* given to the daemons):
              float32 elements; the daemon merges consecutive tensors up to that many bytes)
   omgs       topk, SPARSYNC_MERGE=omgs (the paper's greedy merge)
   optimal    topk, SPARSYNC_MERGE=optimal (exact over contiguous groupings)
+  optimal_always
+             optimal with SPARSYNC_COMPRESS=always: every group sparse, where the other sparse
+             modes run under the daemon's default `auto` (a group goes dense where that is
+             predicted faster); what `auto` is measured against
   ddp, ddp_powersgd, hvd_dense, hvd_fp16, hvd_topk: the peers (peers.py; the Horovod ones need
              bench/peers/setup.sh)
 Sparse modes also get SPARSYNC_DENSITY (--density), SPARSYNC_DENSITY_WARMUP_STEPS
@@ -109,6 +113,8 @@ def mode_env(mode, args, dilation=Dilation(1)):
         env["SPARSYNC_MERGE"] = "fixed:%d" % (4 * args.fixed_elements)  # float32 bytes
     else:
         env["SPARSYNC_MERGE"] = SPARSE_MERGE[mode]
+    if mode == "optimal_always":
+        env["SPARSYNC_COMPRESS"] = "always"
     return env
 
 

@@ -12,12 +12,12 @@ from dilation import parse_factors, parse_rate, parse_time
 from procs import warn
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SPARSYNC_MODES = ["dense", "layerwise", "single", "fixed", "omgs", "optimal"]
+SPARSYNC_MODES = ["dense", "layerwise", "single", "fixed", "omgs", "optimal", "optimal_always"]
 MODES = ["dense", "ddp", "ddp_powersgd", "hvd_dense", "hvd_fp16", "hvd_topk", "layerwise",
-         "single", "fixed", "omgs", "optimal"]
+         "single", "fixed", "omgs", "optimal", "optimal_always"]
 DEFAULT_MODES = ["dense", "ddp", "layerwise", "single", "fixed", "omgs", "optimal"]
 SPARSE_MERGE = {"layerwise": "layerwise", "single": "single", "omgs": "omgs",
-                "optimal": "optimal"}
+                "optimal": "optimal", "optimal_always": "optimal"}
 
 
 def parse_args(argv, description=""):

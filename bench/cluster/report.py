@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 MODE_ORDER = ["dense", "ddp", "ddp_powersgd", "hvd_dense", "hvd_fp16", "hvd_topk", "layerwise",
-              "single", "fixed", "omgs", "optimal"]
-SPARSE = {"layerwise", "single", "fixed", "omgs", "optimal"}
+              "single", "fixed", "omgs", "optimal", "optimal_always"]
+SPARSE = {"layerwise", "single", "fixed", "omgs", "optimal", "optimal_always"}
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 
 
@@ -121,6 +121,24 @@ def comparisons(results):
             _ratio(m("single"), m("hvd_topk"), "%.2f"),
             _ratio(m("ddp_powersgd"), m("omgs")), _ratio(m("ddp_powersgd"), m("optimal"))))
     return "\n".join(lines) + "\n"
+
+
+def compress_table(results):
+    """Compress only where it pays: optimal under `auto` against optimal_always, per model, P
+    and D where both ran ("" when none)."""
+    by = _index(results)
+    lines = ["| model | P | D | optimal, auto (ms) | optimal_always (ms) | auto / always "
+             "| dense (ms) | auto / dense |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for d, nodes, model in sorted({(_dil(r), r["nodes"], r["model"]) for r in results["runs"]}):
+        auto = _median(by, model, nodes, d, "optimal")
+        always = _median(by, model, nodes, d, "optimal_always")
+        if (model, nodes, d, "optimal_always") not in by:
+            continue
+        dense = _median(by, model, nodes, d, "dense")
+        lines.append("| %s | %d | %g | %s | %s | %s | %s | %s |" % (
+            model, nodes, d, _fmt(auto), _fmt(always), _ratio(auto, always, "%.2f"),
+            _fmt(dense), _ratio(auto, dense, "%.2f")))
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
 def prediction_summary(results, tolerance=0.15):
@@ -284,8 +302,13 @@ def render(results):
     sweep = sweep_table(results)
     if sweep:
         text += "\nThe same medians by dilation:\n\n" + sweep
-    return text + "\nComparisons (speed-ups: baseline / mode; ratios: mode / peer):\n\n" + \
+    text += "\nComparisons (speed-ups: baseline / mode; ratios: mode / peer):\n\n" + \
         comparisons(results)
+    compress = compress_table(results)
+    if compress:
+        text += ("\nCompress only where it pays (`optimal` under the default "
+                 "SPARSYNC_COMPRESS=auto against every group sparse):\n\n" + compress)
+    return text
 
 
 def main(argv=None):

@@ -219,6 +219,24 @@ def test_select_cost_pads_the_sparse_daemons_selection_in_wall_time():
     assert not any("SPARSYNC_EMULATE_SELECT_COST" in line for line in plain)
 
 
+def test_optimal_always_is_optimal_with_every_group_sparse(tmp_path):
+    lines = dry_run("--nodes", "2", "--models", "resnet20_flops",
+                    "--modes", "dense,optimal,optimal_always")
+    daemons = [_env_of(line) for line in lines if line.split(" > ")[0].endswith("sparsyncd")]
+    assert len(daemons) == 6
+    assert [d.get("SPARSYNC_MERGE") for d in daemons[2:]] == ["optimal"] * 4
+    assert [d.get("SPARSYNC_COMPRESS") for d in daemons] == [None] * 4 + ["always"] * 2
+
+    doc = _synthetic_results()
+    doc["runs"] = [r for r in doc["runs"] if r["mode"] in ("dense", "omgs")]
+    for mode, med in (("optimal", 310.0), ("optimal_always", 300.0)):
+        doc["runs"].append(dict(doc["runs"][-1], mode=mode, median_ms=med))
+    text = report.render(doc)
+    assert "| vgg16 | 8 | 10 | 310.0 | 300.0 | 1.03 | 2000.0 | 0.15 |" in text, text
+    doc["runs"] = doc["runs"][:-1]  # without optimal_always, no such table
+    assert "Compress only where it pays" not in report.render(doc)
+
+
 def test_dry_run_sweeps_dilations_one_network_each():
     lines = dry_run("--nodes", "2", "--models", "resnet20_flops", "--modes", "single",
                     "--dilation", "1,3,10")
