@@ -238,8 +238,8 @@ void MergeScheduler::MakePlan(const std::string& why) {
     return;
   }
   // What the other planners predict, to see how far the chosen one is from the optimum (made
-  // only for a plan that is announced, or that fewer groups may replace). In a dense job the
-  // paper's rule is MG-WFBP's, the plan the job would follow under `omgs`.
+  // only for a plan that is announced, or that fewer groups may replace). A dense job under
+  // `omgs` follows MG-WFBP's rule, so that is the plan compared there.
   const auto compared = {planning::PlannerKind::kOptimal,
                          dense ? planning::PlannerKind::kMgWfbp : planning::PlannerKind::kOmgs,
                          planning::PlannerKind::kLayerwise, planning::PlannerKind::kSingle};
