@@ -130,10 +130,10 @@ def compress_table(results):
     lines = ["| model | P | D | optimal, auto (ms) | optimal_always (ms) | auto / always "
              "| dense (ms) | auto / dense |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for d, nodes, model in sorted({(_dil(r), r["nodes"], r["model"]) for r in results["runs"]}):
-        auto = _median(by, model, nodes, d, "optimal")
-        always = _median(by, model, nodes, d, "optimal_always")
         if (model, nodes, d, "optimal_always") not in by:
             continue
+        auto = _median(by, model, nodes, d, "optimal")
+        always = _median(by, model, nodes, d, "optimal_always")
         dense = _median(by, model, nodes, d, "dense")
         lines.append("| %s | %d | %g | %s | %s | %s | %s | %s |" % (
             model, nodes, d, _fmt(auto), _fmt(always), _ratio(auto, always, "%.2f"),
