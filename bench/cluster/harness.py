@@ -6,7 +6,10 @@ the queue latency times D (netns.py, dilation.py), and for each model profile an
 one sparsyncd and one replay worker per namespace (or one peer worker per namespace: DDP,
 DDP+PowerSGD, Horovod; peers.py), the replayed compute times D, runs --warmup then --iters
 iterations, and records per-iteration times and the plan's predicted iteration time that node
-0's daemon logs, all divided by D (modelled time), with D in every record. The nodes' own CPU
+0's daemon logs, all divided by D (modelled time), with D in every record. With --rounds R each
+model's modes run R times, in reverse order every second round (A B C, C B A, A B C, ...):
+the machine's state drifts over an invocation (load, caches), and a mode that always ran in the
+same place would carry that drift into every comparison. The nodes' own CPU
 work (copies, packing, top-k, gRPC) is not dilated: it weighs 1/D of what it weighs on this
 machine, as on a node with cores of its own. Everything is torn down afterwards, also on
 failure, Ctrl-C, SIGTERM or SIGHUP; `--cleanup` removes what a killed run left behind. Needs
@@ -138,6 +141,7 @@ class Harness:
                 "dilation": a.dilations, "sparsification": sparsification(a),
                 "density": a.density, "time_scale": a.time_scale, "forward": not a.no_forward,
                 "warmup": a.warmup, "peer_warmup": a.peer_warmup, "iters": a.iters,
+                "rounds": a.rounds,
                 "plan_warmup_steps": a.plan_warmup_steps,
                 "fixed_elements": a.fixed_elements, "cycle_ms": a.cycle_ms,
                 "powersgd_rank": a.powersgd_rank, "load_average_start": _load(),
@@ -279,7 +283,7 @@ class Harness:
                 model, run_dir / ("w%d.json" % i), a.peer_warmup))
             workers.append(self.runner.start("worker %d" % i, argv, run_dir / ("w%d.log" % i)))
 
-    def run_one(self, model, mode, nodes, run_dir):
+    def run_one(self, model, mode, nodes, run_dir, rnd=0):
         if not self.runner.dry_run:
             run_dir.mkdir(parents=True, exist_ok=True)
             os.chmod(run_dir, 0o700)  # it holds the sockets: the daemons refuse a shared directory
@@ -288,10 +292,11 @@ class Harness:
         env_base = {"PYTHONPATH": str(REPO / "shims" / "python"), "PYTHONUNBUFFERED": "1",
                     "OMP_NUM_THREADS": "1"}
         d = self.dilation.factor
-        self.runner.note("run: model %s, P=%d, mode %s, dilation %g (logs in %s)"
-                         % (model, nodes, mode, d, run_dir))
+        self.runner.note("run: model %s, P=%d, mode %s, dilation %g%s (logs in %s)"
+                         % (model, nodes, mode, d,
+                            ", round %d" % rnd if self.args.rounds > 1 else "", run_dir))
         helpers, workers = [], []  # daemons or the rendezvous server; the training processes
-        record = {"model": model, "nodes": nodes, "mode": mode, "dilation": d,
+        record = {"model": model, "nodes": nodes, "mode": mode, "dilation": d, "round": rnd,
                   "link": {"rate": self.net.rate, "latency": self.net.latency},
                   "run_dir": str(run_dir), "env": mode_env(mode, self.args, self.dilation),
                   "status": "failed", "load_average_start": _load()}
@@ -339,10 +344,12 @@ class Harness:
         self.results["runs"].append(record)
         self.save()
         if record["status"] == "ok":
-            print("%-22s P=%d D=%-3g %-12s mean %9.1f ms  median %9.1f ms  predicted %s  (%.0f s)"
-                  % (record["model"], record["nodes"], record["dilation"], mode,
-                     record["mean_ms"], record["median_ms"], record.get("predicted_ms"),
-                     record["wall_s"]), flush=True)
+            print("%-22s P=%d D=%-3g %-14s mean %9.1f ms  median %9.1f ms  predicted %s  "
+                  "(%.0f s)%s" % (record["model"], record["nodes"], record["dilation"], mode,
+                                  record["mean_ms"], record["median_ms"],
+                                  record.get("predicted_ms"), record["wall_s"],
+                                  "  round %d" % record["round"] if self.args.rounds > 1
+                                  else ""), flush=True)
 
 
 def _load():
@@ -430,9 +437,13 @@ def run_all(harness, args, run_root, nodes, dilation):
         if args.bandwidth_only:
             return
         for model in args.model_list:
-            for mode in args.mode_list:
-                name = "%s-P%d-%s%s" % (Path(model).stem, nodes, mode, suffix)
-                harness.run_one(model, mode, nodes, run_root / name)
+            for rnd in range(args.rounds):
+                order = args.mode_list if rnd % 2 == 0 else args.mode_list[::-1]
+                for mode in order:
+                    name = "%s-P%d-%s%s" % (Path(model).stem, nodes, mode, suffix)
+                    if args.rounds > 1:
+                        name += "-r%d" % rnd
+                    harness.run_one(model, mode, nodes, run_root / name, rnd)
     finally:
         harness.teardown_network()
 

@@ -34,6 +34,10 @@ def parse_args(argv, description=""):
                    help="time dilation factors D >= 1, comma-separated: links at rate/D with "
                         "latency x D, replayed compute x D, measured times / D (default 1)")
     p.add_argument("--iters", type=int, default=20, help="measured iterations (default 20)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every model's modes this many times, the order reversed in every "
+                        "second round (A B C, C B A, ...), so that no mode always runs first; "
+                        "report.py gives the median over rounds and their range (default 1)")
     p.add_argument("--warmup", type=int, default=None,
                    help="unmeasured iterations first (default 3 * --plan-warmup-steps + 2: the "
                         "first plan, then room for the re-plans the measured costs cause)")
@@ -117,6 +121,8 @@ def parse_args(argv, description=""):
     bad = [m for m in args.mode_list if m not in MODES]
     if bad:
         p.error("unknown modes %s; known: %s" % (bad, ", ".join(MODES)))
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     if any(n < 2 for n in args.node_counts):
         p.error("--nodes: every cluster needs at least 2 nodes")
     if args.warmup is None:

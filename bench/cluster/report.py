@@ -14,6 +14,10 @@ and their ratio, the speed-up against sparsync's dense mode of the same model, P
 median / this median), and for the sparse modes the speed-up against the better of layerwise and
 single (the OMGS paper's comparison). Failed runs are listed as such.
 
+Runs from harness.py --rounds are merged: each cell is the median over the rounds (the median
+column also gives the range of the rounds' medians and their number), and a table of each
+mode's median in the forward and in the reversed rounds shows what the place in a round does.
+
 Comparisons table: per (D, P, model), the issue's comparisons where both runs exist: omgs and
 optimal against best(layerwise, single); the slowest sparse mode against dense; sparsync dense /
 Horovod dense; sparsync single / TopK-SGD over Horovod; omgs and optimal against DDP+PowerSGD.
@@ -52,8 +56,39 @@ def _ok(run):
     return run is not None and run.get("status") == "ok"
 
 
+def _median_of(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def merged_runs(results):
+    """One record per (model, P, D, mode): a single run as it is; the rounds of harness.py
+    --rounds merged into the median of their medians (and of their means, backward+comm and
+    predictions), with `rounds` (successful runs), `median_range` (their lowest and highest
+    median) and `failed_rounds`. A mode counts as failed only when no round succeeded."""
+    groups = {}
+    for r in results["runs"]:
+        groups.setdefault((r["model"], r["nodes"], _dil(r), r["mode"]), []).append(r)
+    merged = []
+    for runs in groups.values():
+        ok = [r for r in runs if _ok(r)]
+        if len(runs) == 1 or not ok:
+            merged.append(dict(runs[-1], rounds=len(ok), failed_rounds=len(runs) - len(ok)))
+            continue
+        m = dict(ok[0], rounds=len(ok), failed_rounds=len(runs) - len(ok))
+        if len(ok) > 1:
+            m["median_range"] = [min(r["median_ms"] for r in ok), max(r["median_ms"] for r in ok)]
+        for field in ("median_ms", "mean_ms", "backward_comm_median_ms", "predicted_ms"):
+            m[field] = _median_of(r.get(field) for r in ok)
+        merged.append(m)
+    return merged
+
+
 def _index(results):
-    return {(r["model"], r["nodes"], _dil(r), r["mode"]): r for r in results["runs"]}
+    return {(r["model"], r["nodes"], _dil(r), r["mode"]): r for r in merged_runs(results)}
 
 
 def _median(by, model, nodes, d, mode):
@@ -72,8 +107,19 @@ def prediction_ratio(run):
     return bwd / pred if pred and bwd else None
 
 
+def _median_cell(run):
+    """The median, with the rounds' range where several ran: `20.3 (19.0-21.4, 5 rounds)`."""
+    text = _fmt(run["median_ms"])
+    if run.get("median_range"):
+        lo, hi = run["median_range"]
+        text += " (%.1f-%.1f, %d rounds)" % (lo, hi, run["rounds"])
+    if run.get("failed_rounds"):
+        text += " (%d failed)" % run["failed_rounds"]
+    return text
+
+
 def table(results):
-    runs = sorted(results["runs"], key=_key)
+    runs = sorted(merged_runs(results), key=_key)
     by = _index(results)
     lines = ["| model | P | D | mode | mean (ms) | median (ms) | backward+comm median (ms) "
              "| predicted (ms) | (backward+comm) / predicted | speed-up vs dense "
@@ -91,7 +137,7 @@ def table(results):
         base = _best_baseline(by, r["model"], r["nodes"], d)
         vs_best = base / med if base and r["mode"] in SPARSE else None
         lines.append("| %s | %d | %g | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            r["model"], r["nodes"], d, r["mode"], _fmt(r["mean_ms"]), _fmt(med),
+            r["model"], r["nodes"], d, r["mode"], _fmt(r["mean_ms"]), _median_cell(r),
             _fmt(r.get("backward_comm_median_ms")), _fmt(r.get("predicted_ms")),
             _fmt(prediction_ratio(r), "%.2f"), _fmt(speedup, "%.2fx"),
             _fmt(vs_best, "%.2fx")))
@@ -138,6 +184,26 @@ def compress_table(results):
         lines.append("| %s | %d | %g | %s | %s | %s | %s | %s |" % (
             model, nodes, d, _fmt(auto), _fmt(always), _ratio(auto, always, "%.2f"),
             _fmt(dense), _ratio(auto, dense, "%.2f")))
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def order_table(results):
+    """Under --rounds: each mode's median over the rounds in the listed order (0, 2, ...) and
+    over the reversed ones (1, 3, ...), to show whether the place in a round moves a mode
+    ("" when no mode ran in both)."""
+    groups = {}
+    for r in results["runs"]:
+        if _ok(r):
+            key = (_dil(r), r["nodes"], r["model"],
+                   MODE_ORDER.index(r["mode"]) if r["mode"] in MODE_ORDER else 99, r["mode"])
+            groups.setdefault(key, ([], []))[r.get("round", 0) % 2].append(r["median_ms"])
+    lines = ["| model | P | D | mode | median, listed order (ms) | median, reversed (ms) "
+             "| listed / reversed |", "|---|---:|---:|---|---:|---:|---:|"]
+    for (d, nodes, model, _, mode), (listed, reversed_) in sorted(groups.items()):
+        if listed and reversed_:
+            a, b = _median_of(listed), _median_of(reversed_)
+            lines.append("| %s | %d | %g | %s | %s | %s | %s |" % (
+                model, nodes, d, mode, _fmt(a), _fmt(b), _ratio(a, b, "%.2f")))
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
@@ -239,7 +305,7 @@ def _compute_line(ax, runs):
 def chart(results, path):
     """One panel per model: median per mode, one bar per P (and D, if several)."""
     plt = _plt()
-    runs = [r for r in results["runs"] if _ok(r)]
+    runs = [r for r in merged_runs(results) if _ok(r)]
     models = list(dict.fromkeys(r["model"] for r in sorted(runs, key=_key)))
     if not models:
         raise ValueError("no successful runs to plot")
@@ -274,7 +340,7 @@ def chart(results, path):
 
 def sweep_chart(results, path):
     plt = _plt()
-    runs = [r for r in results["runs"] if _ok(r)]
+    runs = [r for r in merged_runs(results) if _ok(r)]
     groups = sorted({(r["nodes"], r["model"]) for r in runs})
     if not groups:
         raise ValueError("no successful runs to plot")
@@ -304,6 +370,10 @@ def render(results):
         text += "\nThe same medians by dilation:\n\n" + sweep
     text += "\nComparisons (speed-ups: baseline / mode; ratios: mode / peer):\n\n" + \
         comparisons(results)
+    order = order_table(results)
+    if order:
+        text += ("\nThe place in a round (harness.py --rounds runs the modes in the listed order "
+                 "in rounds 0, 2, ... and reversed in rounds 1, 3, ...):\n\n" + order)
     compress = compress_table(results)
     if compress:
         text += ("\nCompress only where it pays (`optimal` under the default "

@@ -250,6 +250,44 @@ def test_dry_run_sweeps_dilations_one_network_each():
     assert all("-D" in r for r in runs)  # each dilation's logs apart
 
 
+def test_rounds_alternate_the_order_and_the_report_merges_them():
+    lines = dry_run("--nodes", "2", "--models", "resnet20_flops", "--modes",
+                    "dense,single,optimal", "--rounds", "3")
+    runs = [re.search(r"mode (\w+), dilation 1, round (\d)", line).groups()
+            for line in lines if line.startswith("# run: ")]
+    assert runs == [("dense", "0"), ("single", "0"), ("optimal", "0"),
+                    ("optimal", "1"), ("single", "1"), ("dense", "1"),
+                    ("dense", "2"), ("single", "2"), ("optimal", "2")]
+    logs = [line.split("(logs in ")[1] for line in lines if line.startswith("# run: ")]
+    assert len(set(logs)) == 9 and logs[3].endswith("-optimal-r1)")
+    r = subprocess.run([sys.executable, str(CLUSTER / "harness.py"), "--dry-run",
+                        "--rounds", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "--rounds must be at least 1" in r.stderr
+
+    doc = _synthetic_results()
+    base = {r["mode"]: r for r in doc["runs"]}
+    doc["runs"] = []
+    # omgs: 330 when run first in a round, 310 when second; the dense median over 3 rounds.
+    for rnd, (dense, omgs) in enumerate(((2000.0, 330.0), (2100.0, 310.0), (1900.0, 330.0))):
+        for mode, med in (("dense", dense), ("omgs", omgs)):
+            doc["runs"].append(dict(base[mode], mode=mode, median_ms=med, round=rnd,
+                                    backward_comm_median_ms=med * 0.8))
+    doc["runs"].append(dict(base["optimal"], round=0))               # failed, then ok
+    doc["runs"].append(dict(base["omgs"], mode="optimal", median_ms=300.0, round=1))
+    text = report.render(doc)
+    rows = {r[3]: r for r in ([c.strip() for c in line.split("|")[1:-1]]
+                              for line in text.splitlines() if line.startswith("| vgg16 "))
+            if len(r) == 11}
+    assert rows["dense"][5] == "2000.0 (1900.0-2100.0, 3 rounds)"
+    assert rows["omgs"][5] == "330.0 (310.0-330.0, 3 rounds)"
+    assert rows["omgs"][9] == "6.06x"                 # dense 2000 / omgs 330, medians of rounds
+    assert rows["optimal"][5] == "300.0 (1 failed)"
+    assert "| vgg16 | 8 | 10 | omgs | 330.0 | 310.0 | 1.06 |" in text, text
+    # counted per run: dense 1680 / 1900, omgs 264 / 300 (twice), optimal 256 / 300
+    assert "within 15 % of predicted: 4 of 7 sparsync runs" in text
+
+
 def test_dilation_arithmetic_and_rejected_input():
     d = dilation.Dilation(20)
     assert d.link("1gbit", "10ms") == ("50000kbit", "200000us")
