@@ -29,6 +29,7 @@ at each P; the sweep chart plots each mode's median against D.
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -57,11 +58,8 @@ def _ok(run):
 
 
 def _median_of(xs):
-    xs = sorted(x for x in xs if x is not None)
-    if not xs:
-        return None
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def merged_runs(results):
@@ -75,8 +73,8 @@ def merged_runs(results):
     merged = []
     for runs in groups.values():
         ok = [r for r in runs if _ok(r)]
-        if len(runs) == 1 or not ok:
-            merged.append(dict(runs[-1], rounds=len(ok), failed_rounds=len(runs) - len(ok)))
+        if not ok:
+            merged.append(dict(runs[-1], rounds=0, failed_rounds=len(runs)))
             continue
         m = dict(ok[0], rounds=len(ok), failed_rounds=len(runs) - len(ok))
         if len(ok) > 1:
@@ -119,8 +117,8 @@ def _median_cell(run):
 
 
 def table(results):
-    runs = sorted(merged_runs(results), key=_key)
     by = _index(results)
+    runs = sorted(by.values(), key=_key)
     lines = ["| model | P | D | mode | mean (ms) | median (ms) | backward+comm median (ms) "
              "| predicted (ms) | (backward+comm) / predicted | speed-up vs dense "
              "| vs best(layerwise, single) |",
