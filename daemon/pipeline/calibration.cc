@@ -185,7 +185,10 @@ Result<planning::CostModel> CalibrateCostModel(const Config& config, World world
 
   // Node 0's fit for everyone.
   planning::CostModel model;
-  model.sparsify = planning::LinearCost::Fit(sparsify);
+  // A CPU top-k is a linear-time pass; a sort-based one (a GPU's, or the emulated GPU of
+  // SPARSYNC_EMULATE_SELECT_COST) grows as x log x, and a line through sizes up to 4 M elements
+  // underprices a whole-model group sixteen times larger.
+  model.sparsify = planning::LinearCost::FitBetterShape(sparsify);
   model.exchange = planning::LinearCost::Fit(exchange);
   model.dense_exchange = planning::LinearCost::Fit(dense_exchange);
   if (options.dense_too && model.dense_exchange.per_element_s <= 0) {
@@ -200,13 +203,14 @@ Result<planning::CostModel> CalibrateCostModel(const Config& config, World world
     }
     model.dense_exchange = {};
   }
-  double coefficients[6] = {model.sparsify.fixed_s,       model.sparsify.per_element_s,
+  double coefficients[7] = {model.sparsify.fixed_s,       model.sparsify.per_element_s,
                             model.exchange.fixed_s,       model.exchange.per_element_s,
-                            model.dense_exchange.fixed_s, model.dense_exchange.per_element_s};
+                            model.dense_exchange.fixed_s, model.dense_exchange.per_element_s,
+                            model.sparsify.x_log_x ? 1.0 : 0.0};
   SPARSYNC_RETURN_IF_ERROR(
       transport->Broadcast(coefficients, sizeof(coefficients), 0, (*run.tag())++)
           .WithContext("broadcasting the calibrated cost model"));
-  model.sparsify = {coefficients[0], coefficients[1]};
+  model.sparsify = {coefficients[0], coefficients[1], coefficients[6] != 0};
   model.exchange = {coefficients[2], coefficients[3]};
   model.dense_exchange = {coefficients[4], coefficients[5]};
   spdlog::info("calibrated {} on {} node(s), {} size(s) from {} to {} elements in {:.2f} s: {}",

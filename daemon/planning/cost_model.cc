@@ -3,25 +3,54 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 namespace sparsync::planning {
+namespace {
+
+using Points = std::vector<std::pair<double, double>>;  // (elements, seconds)
+
+// The samples with each size replaced by the shape's feature (x, or x · log2 x).
+Points InShape(const Points& samples, bool x_log_x) {
+  const LinearCost shape{0, 0, x_log_x};
+  Points out;
+  out.reserve(samples.size());
+  for (const auto& [x, y] : samples) out.emplace_back(shape.Feature(x), y);
+  return out;
+}
+
+// The sum of squared relative residuals: a selection's points span three decades of size, and
+// least squares in seconds would judge a fit by its largest sizes only.
+double RelativeResidual(const LinearCost& fit, const Points& samples) {
+  double sum = 0;
+  for (const auto& [x, y] : samples) {
+    if (y <= 0) continue;
+    const double r = (fit.At(x) - y) / y;
+    sum += r * r;
+  }
+  return sum;
+}
+
+}  // namespace
 
 LinearCost LinearCost::Fit(const std::vector<std::pair<double, double>>& samples,
-                           bool* clamped_fixed) {
+                           bool* clamped_fixed, bool x_log_x) {
   if (clamped_fixed) *clamped_fixed = false;
-  if (samples.empty()) return {};
-  double n = static_cast<double>(samples.size());
+  if (samples.empty()) return {.x_log_x = x_log_x};
+  const Points points = InShape(samples, x_log_x);
+  double n = static_cast<double>(points.size());
   double mean_x = 0, mean_y = 0;
-  for (const auto& [x, y] : samples) {
+  for (const auto& [x, y] : points) {
     mean_x += x / n;
     mean_y += y / n;
   }
   double sxx = 0, sxy = 0;
-  for (const auto& [x, y] : samples) {
+  for (const auto& [x, y] : points) {
     sxx += (x - mean_x) * (x - mean_x);
     sxy += (x - mean_x) * (y - mean_y);
   }
-  LinearCost fit;
+  LinearCost fit{.x_log_x = x_log_x};
   if (sxx <= 0) {
     // One distinct size: all of the time is attributed to the size.
     fit.per_element_s = mean_x > 0 ? std::max(0.0, mean_y / mean_x) : 0.0;
@@ -36,24 +65,37 @@ LinearCost LinearCost::Fit(const std::vector<std::pair<double, double>>& samples
     fit.fixed_s = std::max(0.0, mean_y);
   } else if (fit.fixed_s < 0) {
     if (clamped_fixed) *clamped_fixed = true;
-    return FitSlope(samples, 0);
+    return FitSlope(samples, 0, x_log_x);
   }
   return fit;
 }
 
 LinearCost LinearCost::FitSlope(const std::vector<std::pair<double, double>>& samples,
-                                double fixed_s) {
+                                double fixed_s, bool x_log_x) {
   double sxx = 0, sxy = 0;
-  for (const auto& [x, y] : samples) {
+  for (const auto& [x, y] : InShape(samples, x_log_x)) {
     sxx += x * x;
     sxy += x * (y - fixed_s);
   }
-  return {fixed_s, sxx > 0 ? std::max(0.0, sxy / sxx) : 0.0};
+  return {fixed_s, sxx > 0 ? std::max(0.0, sxy / sxx) : 0.0, x_log_x};
+}
+
+bool LinearCost::PrefersXLogX(const std::vector<std::pair<double, double>>& samples) {
+  // Two sizes cannot show a curve (the clamped line through them may still miss one).
+  std::vector<double> sizes;
+  for (const auto& [x, y] : samples) sizes.push_back(x);
+  std::sort(sizes.begin(), sizes.end());
+  if (std::unique(sizes.begin(), sizes.end()) - sizes.begin() < 3) return false;
+  const LinearCost line = Fit(samples);
+  const LinearCost curve = Fit(samples, nullptr, /*x_log_x=*/true);
+  return RelativeResidual(curve, samples) < 0.5 * RelativeResidual(line, samples);
 }
 
 std::string LinearCost::ToString() const {
-  char buf[96];
-  std::snprintf(buf, sizeof(buf), "%.3g ms + %.3g ns/element", fixed_s * 1e3, per_element_s * 1e9);
+  char buf[112];
+  std::snprintf(buf, sizeof(buf), x_log_x ? "%.3g ms + %.3g ns/element x log2(elements)"
+                                          : "%.3g ms + %.3g ns/element",
+                fixed_s * 1e3, per_element_s * 1e9);
   return buf;
 }
 

@@ -8,6 +8,7 @@
 // the paper's forward numbering.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -15,21 +16,36 @@
 
 namespace sparsync::planning {
 
-// fixed_s + per_element_s * x: an α-β line in elements.
+// fixed_s + per_element_s * f(x), f(x) = x (an α-β line in elements) or, with x_log_x,
+// x · log2 x: the shape of a sort-based top-k, as OMGS-SGD's authors fitted their GPU's
+// selection (docs/algorithms.md §2). Exchanges are always lines; a selection takes the shape
+// that its calibration's points fit better (FitBetterShape).
 struct LinearCost {
   double fixed_s = 0;
   double per_element_s = 0;
+  bool x_log_x = false;
 
-  double At(double elements) const { return fixed_s + per_element_s * elements; }
-  // Least-squares fit of (elements, seconds) samples; both coefficients clamped at >= 0.
-  // One distinct size gives a line through the origin's slope; no samples give zero.
-  // `clamped_fixed` (optional) is set when the fixed cost came out negative and the line was
-  // refitted through the origin.
+  double At(double elements) const { return fixed_s + per_element_s * Feature(elements); }
+  double Feature(double elements) const {
+    return x_log_x && elements > 1 ? elements * std::log2(elements) : elements;
+  }
+  // Least-squares fit of (elements, seconds) samples in the shape `x_log_x` gives; both
+  // coefficients clamped at >= 0. One distinct size gives a line through the origin's slope; no
+  // samples give zero. `clamped_fixed` (optional) is set when the fixed cost came out negative
+  // and the line was refitted through the origin.
   static LinearCost Fit(const std::vector<std::pair<double, double>>& samples,
-                        bool* clamped_fixed = nullptr);
+                        bool* clamped_fixed = nullptr, bool x_log_x = false);
   // The least-squares slope of the samples with the fixed cost held at `fixed_s` (clamped >= 0).
   static LinearCost FitSlope(const std::vector<std::pair<double, double>>& samples,
-                             double fixed_s);
+                             double fixed_s, bool x_log_x = false);
+  // Whether x · log2 x fits the samples clearly better than a line: three sizes at least, and
+  // the sum of squared relative residuals under half the line's (a line extrapolates a
+  // linear-time selection better, so it keeps ties).
+  static bool PrefersXLogX(const std::vector<std::pair<double, double>>& samples);
+  // Fit() in the shape PrefersXLogX picks.
+  static LinearCost FitBetterShape(const std::vector<std::pair<double, double>>& samples) {
+    return Fit(samples, nullptr, PrefersXLogX(samples));
+  }
   std::string ToString() const;
   bool operator==(const LinearCost&) const = default;
 };

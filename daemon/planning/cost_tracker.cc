@@ -30,8 +30,8 @@ void CostTracker::Add(uint64_t elements, double sparsify_s, double exchange_s) {
 
 CostModel CostTracker::Current() const {
   CostModel m;
-  m.sparsify = Refresh(base_.sparsify, &Sample::sparsify_s);
-  m.exchange = Refresh(base_.exchange, &Sample::exchange_s);
+  m.sparsify = Refresh(base_.sparsify, &Sample::sparsify_s, /*may_curve=*/true);
+  m.exchange = Refresh(base_.exchange, &Sample::exchange_s, /*may_curve=*/false);
   return m;
 }
 
@@ -47,7 +47,8 @@ double CostTracker::RelativeError() const {
   return deviations.empty() ? 0.0 : Median(std::move(deviations));
 }
 
-LinearCost CostTracker::Refresh(const LinearCost& base, double Sample::*seconds) const {
+LinearCost CostTracker::Refresh(const LinearCost& base, double Sample::*seconds,
+                                bool may_curve) const {
   if (samples_.size() < std::max<size_t>(1, min_samples_)) return base;
   std::map<double, std::vector<double>> by_size;
   for (const Sample& s : samples_) by_size[s.elements].push_back(s.*seconds);
@@ -62,8 +63,14 @@ LinearCost CostTracker::Refresh(const LinearCost& base, double Sample::*seconds)
 
   const double smallest = medians.front().first, largest = medians.back().first;
   if (largest >= 2 * smallest) {
+    // The shape: the calibration's, unless the samples span enough sizes to tell (the dilated
+    // cluster's calibration, on a slow link, has time for two or three small sizes only).
+    bool x_log_x = base.x_log_x;
+    if (may_curve && largest >= 8 * smallest) {
+      x_log_x = LinearCost::PrefersXLogX(medians);
+    }
     bool through_origin = false;
-    const LinearCost fit = LinearCost::Fit(medians, &through_origin);
+    const LinearCost fit = LinearCost::Fit(medians, &through_origin, x_log_x);
     // A fixed cost that comes out negative is noise (the larger sizes happened to cost more
     // than a line through the smaller ones says), and the line Fit then draws through the
     // origin prices a small group at nearly nothing: the planner splits the model into many
@@ -72,12 +79,16 @@ LinearCost CostTracker::Refresh(const LinearCost& base, double Sample::*seconds)
     // calibrated 13.1 ms start-up, a 9-group plan, 1.40x the iteration of compressor none.
     // The samples cannot tell the start-up from the per-element cost then; the calibration
     // timed sizes three decades apart, so its start-up is held and the slope alone is fitted.
-    if (through_origin && base.fixed_s > 0) return LinearCost::FitSlope(medians, base.fixed_s);
+    if (through_origin && base.fixed_s > 0) {
+      return LinearCost::FitSlope(medians, base.fixed_s, x_log_x);
+    }
     // The slope is seen only where it at least doubles the largest size's time. Below that
     // every size is latency-bound (as the small tensors that a compressing job sends dense
     // are) and the slope is noise: extrapolated to a group a hundred times larger, a flat line
     // would call a dense allreduce of the whole model as cheap as that of a bias.
-    if (fit.per_element_s * largest >= fit.fixed_s || base == LinearCost{}) return fit;
+    if (fit.per_element_s * fit.Feature(largest) >= fit.fixed_s || base == LinearCost{}) {
+      return fit;
+    }
   }
 
   std::vector<double> ratios;
@@ -87,7 +98,7 @@ LinearCost CostTracker::Refresh(const LinearCost& base, double Sample::*seconds)
   }
   if (ratios.empty()) return LinearCost::Fit(medians);  // nothing calibrated to scale
   double scale = Median(std::move(ratios));
-  return {base.fixed_s * scale, base.per_element_s * scale};
+  return {base.fixed_s * scale, base.per_element_s * scale, base.x_log_x};
 }
 
 }  // namespace sparsync::planning

@@ -17,7 +17,9 @@
 //   - samples are grouped by size and each size is represented by its median (a plan repeats the
 //     same group sizes every step, and a median ignores the odd descheduled group), weighted by
 //     how many samples it has;
-//   - two sizes at least a factor of two apart: the α-β line is fitted through the medians,
+//   - two sizes at least a factor of two apart: the α-β line is fitted through the medians (for
+//     the selection, x log2 x where the calibration chose it, or where three sizes or more
+//     spanning a factor of eight show it: LinearCost::PrefersXLogX),
 //     and kept if its slope at least doubles the largest size's time (else every size seen is
 //     latency-bound, the slope is noise, and the line must not be extrapolated: next rule);
 //     a fit whose start-up comes out negative keeps the calibrated start-up (when there is
@@ -68,7 +70,8 @@ class CostTracker {
     double sparsify_s;
     double exchange_s;
   };
-  LinearCost Refresh(const LinearCost& base, double Sample::*seconds) const;
+  // `may_curve`: a selection, whose shape (line or x log2 x) the samples may choose.
+  LinearCost Refresh(const LinearCost& base, double Sample::*seconds, bool may_curve) const;
 
   const size_t window_;
   const size_t min_samples_;

@@ -215,6 +215,24 @@ TEST(CalibrationFitTest, AFlatDenseLineIsNotKnown) {
   EXPECT_EQ(*out.models[1], *out.models[0]);
 }
 
+// A selection that grows as x log2 x (SPARSYNC_EMULATE_SELECT_COST pads the real top-k to it,
+// as the emulated cluster does to model a GPU) is fitted in that shape, on every node; the real
+// clock times it.
+TEST(CalibrationFitTest, ASortLikeSelectionIsFittedAsXLogX) {
+  Config config = WithCompressor(Compressor::kTopK);
+  config.emulated_select_cost = 2e-8;  // 1 ms at 4 K elements, 94 ms at 256 K
+  CalibrationOptions o = Quick();
+  o.sizes = {1 << 12, 1 << 14, 1 << 16, 1 << 18};
+  Outcome out = Calibrate(2, config, o);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(out.models[r].ok()) << out.models[r].status().ToString();
+    EXPECT_EQ(*out.models[r], *out.models[0]);
+  }
+  const planning::LinearCost& s = out.models[0]->sparsify;
+  EXPECT_TRUE(s.x_log_x) << s.ToString();
+  EXPECT_NEAR(s.per_element_s, 2e-8, 0.1 * 2e-8) << s.ToString();
+}
+
 TEST(CalibrationFitTest, SizesAreCapped) {
   CalibrationOptions o = Quick();
   o.sizes = {1 << 12, 1 << 30};

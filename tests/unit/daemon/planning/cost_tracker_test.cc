@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace sparsync::planning {
 namespace {
 
@@ -70,6 +72,35 @@ TEST(CostTrackerTest, ScalesTheCalibratedLineForOneSize) {
   EXPECT_NEAR(m.sparsify.per_element_s, 3 * 1e-9, 1e-18);
   EXPECT_NEAR(m.exchange.fixed_s, 0.5 * 2e-3, 1e-12);
   EXPECT_NEAR(m.exchange.per_element_s, 0.5 * 4e-9, 1e-18);
+}
+
+// The selection's shape: x log2 x where the calibration chose it, or where the groups' sizes
+// span enough to show it; a scaled calibration keeps its shape.
+TEST(CostTrackerTest, TheSelectionCurvesWhereTheSamplesOrTheCalibrationDo) {
+  auto measured = [](double x) { return 2e-3 + 4e-10 * x * std::log2(x); };
+  for (bool calibrated_curve : {false, true}) {
+    CostModel base = Calibrated();
+    base.sparsify.x_log_x = calibrated_curve;
+    CostTracker several(64, 4, 0);
+    several.SetBase(base);
+    for (int step = 0; step < 4; ++step) {
+      for (uint64_t x : {100'000u, 1'000'000u, 10'000'000u}) several.Add(x, measured(x), 1e-3);
+    }
+    const CostModel m = several.Current();
+    EXPECT_TRUE(m.sparsify.x_log_x) << m.sparsify.ToString();
+    EXPECT_NEAR(m.sparsify.At(66e6), measured(66e6), 1e-6 * measured(66e6)) << m.ToString();
+    EXPECT_FALSE(m.exchange.x_log_x);  // an exchange is always a line
+  }
+
+  CostModel base = Calibrated();
+  base.sparsify = {1e-3, 2e-10, /*x_log_x=*/true};
+  CostTracker one(64, 4, 0);
+  one.SetBase(base);
+  for (int i = 0; i < 4; ++i) one.Add(1'000'000, 3 * base.SparsifyTime(1'000'000), 1e-3);
+  const LinearCost scaled = one.Current().sparsify;
+  EXPECT_TRUE(scaled.x_log_x);
+  EXPECT_NEAR(scaled.fixed_s, 3e-3, 1e-12);
+  EXPECT_NEAR(scaled.per_element_s, 6e-10, 1e-19);
 }
 
 // Sizes within a factor of two are too close to fit a slope: scaled, not fitted.

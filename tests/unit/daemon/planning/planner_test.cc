@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <random>
 
@@ -34,6 +35,42 @@ TEST(LinearCostTest, NeverNegative) {
   EXPECT_GT(through_below.per_element_s, 0);
   EXPECT_EQ(LinearCost::Fit({}), LinearCost{});
   EXPECT_NEAR(LinearCost::Fit({{10, 1.0}, {10, 3.0}}).per_element_s, 0.2, 1e-12);
+}
+
+// A sort-based selection (a GPU's top-k; OMGS-SGD's fit is s * x log2 x) in its own shape.
+TEST(LinearCostTest, FitsXLogXExactly) {
+  auto t = [](double x) { return 1e-3 + 2e-9 * x * std::log2(x); };
+  LinearCost c = LinearCost::Fit({{1024, t(1024)}, {4096, t(4096)}, {65536, t(65536)}}, nullptr,
+                                 /*x_log_x=*/true);
+  EXPECT_TRUE(c.x_log_x);
+  EXPECT_NEAR(c.fixed_s, 1e-3, 1e-12);
+  EXPECT_NEAR(c.per_element_s, 2e-9, 1e-18);
+  EXPECT_NEAR(c.At(1 << 26), t(1 << 26), 1e-9);
+  EXPECT_NE(c.ToString().find("log2"), std::string::npos) << c.ToString();
+  EXPECT_NEAR(LinearCost::FitSlope({{1024, t(1024)}}, 1e-3, true).per_element_s, 2e-9, 1e-18);
+}
+
+// The calibration's points choose the selection's shape: x log2 x only where they curve, and a
+// line where they do not (ties, two sizes, a noisy linear-time CPU top-k).
+TEST(LinearCostTest, FitBetterShapeFollowsThePoints) {
+  std::vector<std::pair<double, double>> curved, straight, noisy;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> jitter(0.95, 1.05);
+  for (int e = 12; e <= 22; e += 2) {
+    const double x = std::ldexp(1.0, e);
+    curved.emplace_back(x, 50e-6 + 2.19e-10 * x * e);
+    straight.emplace_back(x, 20e-6 + 0.6e-9 * x);
+    noisy.emplace_back(x, (20e-6 + 0.6e-9 * x) * jitter(rng));
+  }
+  const LinearCost c = LinearCost::FitBetterShape(curved);
+  EXPECT_TRUE(c.x_log_x) << c.ToString();
+  EXPECT_NEAR(c.per_element_s, 2.19e-10, 1e-15);
+  // A line through those points, extrapolated to a 64 M-element group, is 10 % short of it.
+  EXPECT_LT(LinearCost::Fit(curved).At(1 << 26), 0.9 * c.At(1 << 26));
+  EXPECT_FALSE(LinearCost::FitBetterShape(straight).x_log_x);
+  EXPECT_FALSE(LinearCost::FitBetterShape(noisy).x_log_x);
+  EXPECT_FALSE(LinearCost::FitBetterShape({curved[0], curved[5]}).x_log_x);
+  EXPECT_EQ(LinearCost::FitBetterShape({}), LinearCost{});
 }
 
 // Two layers, no selection cost, one unit of start-up per exchange.
