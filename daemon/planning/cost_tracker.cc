@@ -63,8 +63,9 @@ LinearCost CostTracker::Refresh(const LinearCost& base, double Sample::*seconds,
 
   const double smallest = medians.front().first, largest = medians.back().first;
   if (largest >= 2 * smallest) {
-    // The shape: the calibration's, unless the samples span enough sizes to tell (the dilated
-    // cluster's calibration, on a slow link, has time for two or three small sizes only).
+    // The shape: the calibration's, unless the training's groups span enough sizes to tell
+    // (their times hold what an idle calibration does not: on the dilated AlexNet, groups of
+    // 4-38 M elements kept a line where the calibration, 4 K-4 M, had chosen the curve).
     bool x_log_x = base.x_log_x;
     if (may_curve && largest >= 8 * smallest) {
       x_log_x = LinearCost::PrefersXLogX(medians);
