@@ -217,12 +217,13 @@ TEST(CalibrationFitTest, AFlatDenseLineIsNotKnown) {
 
 // A selection that grows as x log2 x (SPARSYNC_EMULATE_SELECT_COST pads the real top-k to it,
 // as the emulated cluster does to model a GPU) is fitted in that shape, on every node; the real
-// clock times it.
+// clock times it. The pad is large beside the CPU's own work around the selection (under
+// ThreadSanitizer, a pad of 2e-8 at 256 K elements came out 16 % higher).
 TEST(CalibrationFitTest, ASortLikeSelectionIsFittedAsXLogX) {
   Config config = WithCompressor(Compressor::kTopK);
-  config.emulated_select_cost = 2e-8;  // 1 ms at 4 K elements, 94 ms at 256 K
+  config.emulated_select_cost = 1e-7;  // 1 ms at 1 K elements, 105 ms at 64 K
   CalibrationOptions o = Quick();
-  o.sizes = {1 << 12, 1 << 14, 1 << 16, 1 << 18};
+  o.sizes = {1 << 10, 1 << 12, 1 << 14, 1 << 16};
   Outcome out = Calibrate(2, config, o);
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(out.models[r].ok()) << out.models[r].status().ToString();
@@ -230,7 +231,7 @@ TEST(CalibrationFitTest, ASortLikeSelectionIsFittedAsXLogX) {
   }
   const planning::LinearCost& s = out.models[0]->sparsify;
   EXPECT_TRUE(s.x_log_x) << s.ToString();
-  EXPECT_NEAR(s.per_element_s, 2e-8, 0.1 * 2e-8) << s.ToString();
+  EXPECT_NEAR(s.per_element_s, 1e-7, 0.1 * 1e-7) << s.ToString();
 }
 
 TEST(CalibrationFitTest, SizesAreCapped) {
