@@ -81,11 +81,14 @@ LinearCost LinearCost::FitSlope(const std::vector<std::pair<double, double>>& sa
 }
 
 bool LinearCost::PrefersXLogX(const std::vector<std::pair<double, double>>& samples) {
-  // Two sizes cannot show a curve (the clamped line through them may still miss one).
+  // Each shape has two coefficients, so two sizes fit both exactly, and three leave each fit
+  // one residual: on a loaded machine that one residual is noise as often as curvature (CI's
+  // unit tests saw three-size CPU calibrations of gTop-k and DGC come out as curves). Four sizes
+  // leave two residuals per fit to compare.
   std::vector<double> sizes;
   for (const auto& [x, y] : samples) sizes.push_back(x);
   std::sort(sizes.begin(), sizes.end());
-  if (std::unique(sizes.begin(), sizes.end()) - sizes.begin() < 3) return false;
+  if (std::unique(sizes.begin(), sizes.end()) - sizes.begin() < 4) return false;
   const LinearCost line = Fit(samples);
   const LinearCost curve = Fit(samples, nullptr, /*x_log_x=*/true);
   return RelativeResidual(curve, samples) < 0.5 * RelativeResidual(line, samples);

@@ -38,7 +38,7 @@ struct LinearCost {
   // The least-squares slope of the samples with the fixed cost held at `fixed_s` (clamped >= 0).
   static LinearCost FitSlope(const std::vector<std::pair<double, double>>& samples,
                              double fixed_s, bool x_log_x = false);
-  // Whether x · log2 x fits the samples clearly better than a line: three sizes at least, and
+  // Whether x · log2 x fits the samples clearly better than a line: four sizes at least, and
   // the sum of squared relative residuals under half the line's (a line extrapolates a
   // linear-time selection better, so it keeps ties).
   static bool PrefersXLogX(const std::vector<std::pair<double, double>>& samples);

@@ -18,7 +18,7 @@
 //     same group sizes every step, and a median ignores the odd descheduled group), weighted by
 //     how many samples it has;
 //   - two sizes at least a factor of two apart: the α-β line is fitted through the medians (for
-//     the selection, x log2 x where the calibration chose it, or where three sizes or more
+//     the selection, x log2 x where the calibration chose it, or where four sizes or more
 //     spanning a factor of eight show it: LinearCost::PrefersXLogX),
 //     and kept if its slope at least doubles the largest size's time (else every size seen is
 //     latency-bound, the slope is noise, and the line must not be extrapolated: next rule);

@@ -84,7 +84,9 @@ TEST(CostTrackerTest, TheSelectionCurvesWhereTheSamplesOrTheCalibrationDo) {
     CostTracker several(64, 4, 0);
     several.SetBase(base);
     for (int step = 0; step < 4; ++step) {
-      for (uint64_t x : {100'000u, 1'000'000u, 10'000'000u}) several.Add(x, measured(x), 1e-3);
+      for (uint64_t x : {100'000u, 1'000'000u, 3'000'000u, 10'000'000u}) {
+        several.Add(x, measured(x), 1e-3);
+      }
     }
     const CostModel m = several.Current();
     EXPECT_TRUE(m.sparsify.x_log_x) << m.sparsify.ToString();

@@ -70,6 +70,9 @@ TEST(LinearCostTest, FitBetterShapeFollowsThePoints) {
   EXPECT_FALSE(LinearCost::FitBetterShape(straight).x_log_x);
   EXPECT_FALSE(LinearCost::FitBetterShape(noisy).x_log_x);
   EXPECT_FALSE(LinearCost::FitBetterShape({curved[0], curved[5]}).x_log_x);
+  // Three sizes leave each shape one residual, too few to tell noise from a curve; four do.
+  EXPECT_FALSE(LinearCost::FitBetterShape({curved[0], curved[2], curved[5]}).x_log_x);
+  EXPECT_TRUE(LinearCost::FitBetterShape({curved[0], curved[2], curved[4], curved[5]}).x_log_x);
   EXPECT_EQ(LinearCost::FitBetterShape({}), LinearCost{});
 }
 
