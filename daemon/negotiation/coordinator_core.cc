@@ -63,13 +63,15 @@ void CoordinatorCore::RecordGroupCost(uint64_t elements, bool sparse, double spa
 
 void CoordinatorCore::RunOnce() {
   std::vector<std::string> warnings, notes;
+  bool grew = false;
   {
     std::lock_guard lock(mu_);
     const uint64_t before = state_.last_seq();
     warnings = state_.Tick(Clock::now());
-    if (state_.last_seq() != before) schedule_grew_.notify_all();
+    grew = state_.last_seq() != before;
     notes = state_.TakeLog();
   }
+  if (grew) schedule_grew_.notify_all();
   for (const auto& w : warnings) {
     spdlog::warn("stall: {}", w);
     if (observer_) observer_->OnIncident(observe::Incident::kStall, w);
@@ -113,7 +115,9 @@ Status CoordinatorCore::Join(const JoinInfo& info, std::chrono::milliseconds tim
     joined_[info.node_rank] = true;
     ++joined_count_;
     state_.Polled(info.node_rank, 0, Clock::now());
-    WakeFor(state_.last_seq());  // the node's liveness deadline, for the timer
+    // The node's liveness deadline, for the timer. This call waits on mu_ below, so it tells
+    // under the lock.
+    if (WaitersFor(state_.last_seq()).timer) timer_cv_.notify_one();
     changed_.notify_all();
   }
   bool all = changed_.wait_for(lock, timeout, [&] {
@@ -163,6 +167,7 @@ Result<std::vector<uint32_t>> CoordinatorCore::Report(int node,
                                                       const RankNews& ranks) {
   Result<std::vector<uint32_t>> result = Internal("unset");
   std::vector<std::string> notes;
+  Waiters waiters;
   {
     std::lock_guard lock(mu_);
     const auto now = Clock::now();
@@ -181,9 +186,10 @@ Result<std::vector<uint32_t>> CoordinatorCore::Report(int node,
     apply(ranks.joined, [&](int rank) { return state_.Joined(node, rank, now); });
     apply(ranks.back, [&](int rank) { return state_.Back(node, rank); });
     apply(ranks.gone, [&](int rank) { return state_.Gone(node, rank, now); });
-    WakeFor(before);
+    waiters = WaitersFor(before);
     notes = state_.TakeLog();
   }
+  Wake(waiters);
   Note(notes);
   return result;
 }
@@ -201,27 +207,42 @@ Result<std::vector<ScheduleEntry>> CoordinatorCore::Poll(int node, uint64_t afte
 }
 
 Status CoordinatorCore::Fail(int node, const Status& error) {
-  std::lock_guard lock(mu_);
-  const uint64_t before = state_.last_seq();
-  state_.Fail(node, error);
-  WakeFor(before);
+  Waiters waiters;
+  {
+    std::lock_guard lock(mu_);
+    const uint64_t before = state_.last_seq();
+    state_.Fail(node, error);
+    waiters = WaitersFor(before);
+  }
+  Wake(waiters);
   return Status::Ok();
 }
 
 Status CoordinatorCore::Leave(int node) {
-  std::lock_guard lock(mu_);
-  const uint64_t before = state_.last_seq();
-  state_.Leave(node);
-  WakeFor(before);
+  Waiters waiters;
+  {
+    std::lock_guard lock(mu_);
+    const uint64_t before = state_.last_seq();
+    state_.Leave(node);
+    waiters = WaitersFor(before);
+  }
+  Wake(waiters);
   return Status::Ok();
 }
 
-void CoordinatorCore::WakeFor(uint64_t seq_before) {
-  if (state_.last_seq() != seq_before) schedule_grew_.notify_all();
+CoordinatorCore::Waiters CoordinatorCore::WaitersFor(uint64_t seq_before) const {
+  Waiters waiters;
+  waiters.polls = state_.last_seq() != seq_before;
   // A deadline the timer does not wait for yet: a batch to flush after the cycle, or the first
   // deadline of all (the timer waits a second at a time while there is none).
   const auto next = state_.NextDeadline();
-  if (next && (!timer_deadline_ || *next < *timer_deadline_)) timer_cv_.notify_one();
+  waiters.timer = next && (!timer_deadline_ || *next < *timer_deadline_);
+  return waiters;
+}
+
+void CoordinatorCore::Wake(Waiters waiters) {
+  if (waiters.polls) schedule_grew_.notify_all();
+  if (waiters.timer) timer_cv_.notify_one();
 }
 
 }  // namespace sparsync::negotiation

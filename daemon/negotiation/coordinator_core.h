@@ -57,9 +57,16 @@ class CoordinatorCore : public CoordinatorLink {
  private:
   // Logs the planner's notes (each plan once, on node 0) and tells the observer.
   void Note(const std::vector<std::string>& notes);
-  // After a change to the state (REQUIRES: mu_ held): wakes the polls if the schedule grew past
-  // `seq_before`, and the timer if it now has something to do sooner than it waits for.
-  void WakeFor(uint64_t seq_before);
+  // Who a change to the state is news for: the polls if the schedule grew past `seq_before`, the
+  // timer if it now has something to do sooner than it waits for. Decided under mu_ (REQUIRES),
+  // told after it is released (Wake), so that a woken thread does not block at once on the mutex
+  // its waker still holds: on a busy core that costs two more context switches per report.
+  struct Waiters {
+    bool polls = false;
+    bool timer = false;
+  };
+  Waiters WaitersFor(uint64_t seq_before) const;
+  void Wake(Waiters waiters);
 
   const CoordinatorOptions options_;
   const int local_size_;

@@ -319,7 +319,12 @@ void NodeAgent::PollLoop() {
       coordinator_stops = coordinator_stops || IsShutdownReason(e.fatal, 0);
       inbox_.push_back(std::move(e));
     }
-    if (!entries->empty()) inbox_cv_.notify_all();
+    if (!entries->empty()) {
+      // Told after the lock is released: stage A, woken, takes mu_ at once.
+      lock.unlock();
+      inbox_cv_.notify_all();
+      lock.lock();
+    }
     if (coordinator_stops) {
       spdlog::debug("node 0 is shutting down: no more polls");
       return;
