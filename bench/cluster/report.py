@@ -22,6 +22,14 @@ Comparisons table: per (D, P, model), the issue's comparisons where both runs ex
 optimal against best(layerwise, single); the slowest sparse mode against dense; sparsync dense /
 Horovod dense; sparsync single / TopK-SGD over Horovod; omgs and optimal against DDP+PowerSGD.
 
+Ceiling table: per (D, P, model), what merging could give at best by the planner's own cost
+model. Every plan line node 0 logs lists each planner's prediction under the cost model of that
+moment ("predicted: optimal 94.18 ms omgs 125.60 ms layerwise 357.03 ms single 125.60 ms");
+`optimal` is the exact optimum over contiguous groupings, so no merge plan is predicted faster.
+From the last plan of every sparse run, the replayed forward added to each (the ratios above are
+of whole iterations): (forward + the better of layerwise and single) / (forward + optimal), the
+range over the runs; beside it the measured `optimal vs best(lw, single)`.
+
 Sweep table (results with several D): per (P, model, mode) the median at each D and the ratio of
 each D's median to the next D's. Charts: per model, the median of every mode (peers included)
 at each P; the sweep chart plots each mode's median against D.
@@ -29,6 +37,7 @@ at each P; the sweep chart plots each mode's median against D.
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -213,6 +222,45 @@ def prediction_summary(results, tolerance=0.15):
     return sum(1 for x in ratios if abs(x - 1) <= tolerance), len(ratios)
 
 
+def plan_predictions(line):
+    """{planner: predicted ms} from a plan line's "predicted: optimal 94.18 ms omgs ..." list
+    ({} when the line has none)."""
+    m = re.search(r"predicted: ([^;)]*)", line)
+    return {k: float(v) for k, v in re.findall(r"([\w-]+) ([\d.]+) ms", m.group(1))} if m else {}
+
+
+def merge_ceiling(run):
+    """(forward + best(layerwise, single)) / (forward + optimal), modelled, by the last plan of
+    `run` that predicts all three; None when it has none."""
+    for line in reversed(run.get("plans") or []):
+        p = plan_predictions(line)
+        if {"optimal", "layerwise", "single"} <= p.keys() and p["optimal"] > 0:
+            d, fwd = _dil(run), run.get("replayed_forward_ms") or 0.0
+            return (fwd + min(p["layerwise"], p["single"]) / d) / (fwd + p["optimal"] / d)
+    return None
+
+
+def ceiling_table(results):
+    """The cost model's own bound on merging, per (D, P, model) ("" when no plan line
+    predicts optimal, layerwise and single)."""
+    by = _index(results)
+    ceilings = {}
+    for r in results["runs"]:
+        if _ok(r) and r["mode"] in SPARSE:
+            c = merge_ceiling(r)
+            if c is not None:
+                ceilings.setdefault((_dil(r), r["nodes"], r["model"]), []).append(c)
+    lines = ["| model | P | D | runs | predicted optimal vs best(lw, single), range "
+             "| median | measured optimal vs best(lw, single) |",
+             "|---|---:|---:|---:|---|---:|---:|"]
+    for (d, nodes, model), cs in sorted(ceilings.items()):
+        base = _best_baseline(by, model, nodes, d)
+        lines.append("| %s | %d | %g | %d | %.2f-%.2fx | %.2fx | %s |" % (
+            model, nodes, d, len(cs), min(cs), max(cs), statistics.median(cs),
+            _ratio(base, _median(by, model, nodes, d, "optimal"))))
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
 def sweep_table(results):
     by = _index(results)
     factors = sorted({_dil(r) for r in results["runs"]})
@@ -372,6 +420,11 @@ def render(results):
     if order:
         text += ("\nThe place in a round (harness.py --rounds runs the modes in the listed order "
                  "in rounds 0, 2, ... and reversed in rounds 1, 3, ...):\n\n" + order)
+    ceiling = ceiling_table(results)
+    if ceiling:
+        text += ("\nWhat merging could give by the cost model (each run's last plan: its "
+                 "optimum against its prediction of the better baseline, forward added):\n\n"
+                 + ceiling)
     compress = compress_table(results)
     if compress:
         text += ("\nCompress only where it pays (`optimal` under the default "

@@ -426,6 +426,28 @@ def _synthetic_results():
                      run("vgg16", 8, "optimal", 0, status="failed")]}
 
 
+def test_report_bounds_merging_by_the_cost_models_own_optimum():
+    line = ("[2026-12-07 01:48:20.020] [node 0] [info] planner: plan v2 (optimal) from step 9: "
+            "5 groups: [0..3] [4..12], predicted {opt} ms (t_s = 0 ms + 75.4 ns/element, "
+            "t_c = 18.8 ms + 8.17 ns/element; backward 84.34 ms; predicted: optimal {opt} ms "
+            "omgs 1250.00 ms layerwise {lw} ms single 1500.00 ms); measured costs moved ...")
+    doc = _synthetic_results()
+    for r in doc["runs"]:
+        r["replayed_forward_ms"] = 20.0
+    by = {r["mode"]: r for r in doc["runs"]}
+    # D = 10: forward 20 + layerwise 1400/10 against 20 + optimal 1000/10; the last plan counts.
+    by["omgs"]["plans"] = [line.format(opt="900.00", lw="1800.00"),
+                           line.format(opt="1000.00", lw="1400.00")]
+    by["layerwise"]["plans"] = [line.format(opt="1000.00", lw="1200.00")]
+    by["dense"]["plans"] = [line.format(opt="1.00", lw="9.00")]  # not a sparse mode
+    assert report.plan_predictions(by["omgs"]["plans"][0])["layerwise"] == 1800.0
+    assert report.plan_predictions("planner: plan v1 (single) from step 4: 1 group") == {}
+    assert report.merge_ceiling(by["omgs"]) == pytest.approx(160.0 / 120.0)
+    assert report.merge_ceiling(by["single"]) is None
+    text = report.render(doc)
+    assert "| vgg16 | 8 | 10 | 2 | 1.17-1.33x | 1.25x | - |" in text, text
+
+
 def test_report_writes_the_tables_and_the_chart(tmp_path):
     path = tmp_path / "results.json"
     path.write_text(json.dumps(_synthetic_results()))
