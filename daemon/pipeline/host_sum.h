@@ -18,7 +18,8 @@ void SumMembersInto(const Group& group, void* acc);
 // SumMembersInto `fusion`, which grows as needed (SizeScratch) and keeps its capacity.
 void SumMembers(const Group& group, std::vector<char>* fusion);
 
-// malloc_trim(0): the pages of freed heap blocks back to the kernel.
+// malloc_trim(0): the pages of freed heap blocks back to the kernel (nothing under ASan and
+// TSan, whose allocators hold no glibc heap).
 void ReturnFreedMemory();
 
 // Sizes a group's scratch buffer to `n` elements; what it held before is not kept. A buffer that
