@@ -12,6 +12,9 @@ sparsyncrun, so every byte crosses its daemon's Gloo mesh; Horovod: horovodrun -
              2048x2048): forward, backward, optimizer step with sparsync's and Horovod's
              DistributedOptimizer and torch's DistributedDataParallel (gloo, default buckets);
              median per step on rank 0.
+A fourth side, "no reduction", runs the same step in N processes at once with the plain
+optimizer and nothing exchanged: the floor under every transport's step on this machine, since
+the N workers' matrix products share its cores whichever library reduces their gradients.
 The sides alternate (`--rounds` times each; the best round of each side is kept), so that drift
 of the shared machine hits all of them; the load average before and after is printed. Horovod
 comes from bench/peers/setup.sh's environment (bench/peers/.venv); without it that column is
@@ -94,7 +97,7 @@ def bench_step(kind, rank, reps):
     elif kind == "horovod":
         import horovod.torch as hvd
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    else:
+    elif kind == "torch":
         model = torch.nn.parallel.DistributedDataParallel(model)
     x = torch.randn(BATCH, HIDDEN, generator=torch.Generator().manual_seed(rank))
     times = []
@@ -111,6 +114,12 @@ def bench_step(kind, rank, reps):
 def worker(kind, reps, out):
     import torch
     torch.set_num_threads(1)
+    if kind == "local":  # the step alone, nothing exchanged
+        step = bench_step(kind, int(os.environ["RANK"]), max(5, reps // 2))
+        if os.environ["RANK"] == "0":
+            with open(out, "w") as f:
+                json.dump({"step": step}, f)
+        return
     rank, size, allreduce, finish = setup(kind)
     results = {"allreduce": bench_allreduce(rank, size, allreduce, reps),
                "step": bench_step(kind, rank, max(5, reps // 2))}
@@ -141,6 +150,13 @@ def run_torch(np_, reps, out):
         raise SystemExit("torch.distributed run failed")
 
 
+def run_local(np_, reps, out):
+    procs = [subprocess.Popen(worker_argv(sys.executable, "local", reps, out),
+                              env=dict(os.environ, RANK=str(r))) for r in range(np_)]
+    if any(p.wait() != 0 for p in procs):
+        raise SystemExit("the run without reduction failed")
+
+
 def run_sparsync(np_, reps, out):
     runner = os.path.join(os.path.dirname(sys.executable), "sparsyncrun")
     env = dict(os.environ, SPARSYNC_COMPRESSOR="none", SPARSYNC_LOG_LEVEL="warn")
@@ -164,7 +180,7 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-horovod", action="store_true")
-    ap.add_argument("--worker", choices=["sparsync", "torch", "horovod"])
+    ap.add_argument("--worker", choices=["sparsync", "torch", "horovod", "local"])
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.worker:
@@ -172,6 +188,7 @@ def main():
     sides = [("sparsync", run_sparsync), ("torch", run_torch)]
     if not args.no_horovod and os.access(PEER_PYTHON, os.X_OK):
         sides.append(("horovod", run_horovod))
+    sides.append(("local", run_local))
     load_before = os.getloadavg()
     runs = {kind: [] for kind, _ in sides}
     with tempfile.TemporaryDirectory() as d:
@@ -182,7 +199,8 @@ def main():
                 with open(out) as f:
                     runs[kind].append(json.load(f))
     load_after = os.getloadavg()
-    best = {kind: {"allreduce": {n: min(r["allreduce"][str(n)] for r in rs) for n in SIZES},
+    best = {kind: {"allreduce": {n: min(r["allreduce"][str(n)] for r in rs) for n in SIZES}
+                   if kind != "local" else {},
                    "step": min(r["step"] for r in rs)} for kind, rs in runs.items()}
     print("load average before %.2f %.2f %.2f, after %.2f %.2f %.2f; %d round(s) per side, "
           "the best kept" % (*load_before, *load_after, args.rounds))
@@ -208,16 +226,23 @@ def main():
           f"({LAYERS * HIDDEN * (HIDDEN + 1) * 4 / 2 ** 20:.0f} MiB of gradients), batch {BATCH}:")
     print()
     print("| sparsync DistributedOptimizer (ms) | DDP gloo (ms) |"
-          + (" Horovod DistributedOptimizer (ms) |" if hvd else "") + " sparsync / DDP |"
-          + (" sparsync / Horovod |" if hvd else ""))
-    print("|---:|---:|" + ("---:|" if hvd else "") + "---:|" + ("---:|" if hvd else ""))
+          + (" Horovod DistributedOptimizer (ms) |" if hvd else "")
+          + " no reduction (ms) | sparsync / DDP |"
+          + (" sparsync / Horovod |" if hvd else "") + " no reduction / DDP |"
+          + (" no reduction / Horovod |" if hvd else ""))
+    print("|---:|---:|" + ("---:|" if hvd else "") + "---:|---:|" + ("---:|" if hvd else "")
+          + "---:|" + ("---:|" if hvd else ""))
+    floor = best["local"]["step"]
     row = f"| {s * 1e3:.1f} | {t * 1e3:.1f} |"
     if hvd:
         h = best["horovod"]["step"]
         row += f" {h * 1e3:.1f} |"
-    row += f" {s / t:.2f} |"
+    row += f" {floor * 1e3:.1f} | {s / t:.2f} |"
     if hvd:
         row += f" {s / h:.2f} |"
+    row += f" {floor / t:.2f} |"
+    if hvd:
+        row += f" {floor / h:.2f} |"
     print(row)
 
 
