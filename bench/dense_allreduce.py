@@ -200,7 +200,7 @@ def main():
                     runs[kind].append(json.load(f))
     load_after = os.getloadavg()
     best = {kind: {"allreduce": {n: min(r["allreduce"][str(n)] for r in rs) for n in SIZES}
-                   if kind != "local" else {},
+                   if "allreduce" in rs[0] else {},  # none without reduction
                    "step": min(r["step"] for r in rs)} for kind, rs in runs.items()}
     print("load average before %.2f %.2f %.2f, after %.2f %.2f %.2f; %d round(s) per side, "
           "the best kept" % (*load_before, *load_after, args.rounds))
@@ -225,25 +225,21 @@ def main():
     print(f"DistributedOptimizer step, {LAYERS} x Linear({HIDDEN}, {HIDDEN}) "
           f"({LAYERS * HIDDEN * (HIDDEN + 1) * 4 / 2 ** 20:.0f} MiB of gradients), batch {BATCH}:")
     print()
-    print("| sparsync DistributedOptimizer (ms) | DDP gloo (ms) |"
-          + (" Horovod DistributedOptimizer (ms) |" if hvd else "")
-          + " no reduction (ms) | sparsync / DDP |"
-          + (" sparsync / Horovod |" if hvd else "") + " no reduction / DDP |"
-          + (" no reduction / Horovod |" if hvd else ""))
-    print("|---:|---:|" + ("---:|" if hvd else "") + "---:|---:|" + ("---:|" if hvd else "")
-          + "---:|" + ("---:|" if hvd else ""))
     floor = best["local"]["step"]
-    row = f"| {s * 1e3:.1f} | {t * 1e3:.1f} |"
+    columns = [("sparsync DistributedOptimizer (ms)", f"{s * 1e3:.1f}"),
+               ("DDP gloo (ms)", f"{t * 1e3:.1f}")]
     if hvd:
         h = best["horovod"]["step"]
-        row += f" {h * 1e3:.1f} |"
-    row += f" {floor * 1e3:.1f} | {s / t:.2f} |"
+        columns.append(("Horovod DistributedOptimizer (ms)", f"{h * 1e3:.1f}"))
+    columns += [("no reduction (ms)", f"{floor * 1e3:.1f}"), ("sparsync / DDP", f"{s / t:.2f}")]
     if hvd:
-        row += f" {s / h:.2f} |"
-    row += f" {floor / t:.2f} |"
+        columns.append(("sparsync / Horovod", f"{s / h:.2f}"))
+    columns.append(("no reduction / DDP", f"{floor / t:.2f}"))
     if hvd:
-        row += f" {floor / h:.2f} |"
-    print(row)
+        columns.append(("no reduction / Horovod", f"{floor / h:.2f}"))
+    print("| " + " | ".join(name for name, _ in columns) + " |")
+    print("|" + "---:|" * len(columns))
+    print("| " + " | ".join(value for _, value in columns) + " |")
 
 
 if __name__ == "__main__":
