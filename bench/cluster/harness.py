@@ -38,7 +38,7 @@ sparsync mode SPARSYNC_PLAN_WARMUP_STEPS (--plan-warmup-steps), and the dilated 
 SPARSYNC_CYCLE_MS (--cycle-ms x D), SPARSYNC_TIMEOUT_S and SPARSYNC_STALL_WARN_S (x D).
 Sparsification is the real CPU top-k (the daemon's, torch.topk for hvd_topk) under dilation;
 with --select-cost C the daemons' selection of n elements is padded to C x n log2 n modelled
-seconds (SPARSYNC_EMULATE_SELECT_COST = C x D), a fitted GPU cost.
+seconds (SPARSYNC_EMULATE_SELECT_COST = C x D), a fitted GPU cost, and hvd_topk's alike.
 With --timeline each daemon also writes its timeline into the run's directory;
 timeline_steps.py lines up the groups of the last steps from those files.
 
@@ -84,7 +84,7 @@ def sparsification(args):
     if not getattr(args, "select_cost", 0):
         return SPARSIFICATION
     return ("fitted GPU cost injected: the daemons' top-k of n elements padded to %g x n log2 n "
-            "modelled s (SPARSYNC_EMULATE_SELECT_COST, x D); hvd_topk: torch.topk, not padded"
+            "modelled s (SPARSYNC_EMULATE_SELECT_COST, x D); hvd_topk: torch.topk padded to the same"
             % args.select_cost)
 
 
@@ -274,7 +274,9 @@ class Harness:
             if peers.is_horovod(mode):
                 env = dict(env_base, **peers.horovod_env(net, i, nodes, port, self.dilation,
                                                          a.sparsync_timeout_s))
-                cmd = peers.horovod_worker_argv(a.peer_python, mode, a.density)
+                cmd = peers.horovod_worker_argv(
+                    a.peer_python, mode, a.density,
+                    self.dilation.wall(a.select_cost) if getattr(a, "select_cost", 0) else 0.0)
             else:
                 env = dict(env_base, **peers.ddp_env(net, i, nodes, DDP_PORT + port_offset))
                 cmd = peers.ddp_worker_argv(self.python, mode, a.powersgd_rank,

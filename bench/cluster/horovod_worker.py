@@ -19,10 +19,12 @@ the server), under the peers' Python (bench/peers/setup.sh):
         --out /tmp/run/w{rank}.json
 
 Iterations are timed as in replay_worker.py (same JSON fields); topk adds the per-iteration
-selection time ("select_s": residual, torch.topk).
+selection time ("select_s": residual, torch.topk, and with --select-cost the padding to a
+fitted GPU cost, as the daemons' SPARSYNC_EMULATE_SELECT_COST).
 """
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -47,8 +49,9 @@ class TopK:
 
     CHUNK = 1 << 23
 
-    def __init__(self, hvd, params, density):
+    def __init__(self, hvd, params, density, select_cost=0.0):
         self.hvd, self.params = hvd, list(params)
+        self.select_cost = select_cost
         self.numel = sum(p.numel() for p in self.params)
         self.k = max(1, int(density * self.numel))
         self.flat = torch.zeros(self.numel)
@@ -77,6 +80,12 @@ class TopK:
         idx = self._top_indices(acc)
         values = acc[idx]
         acc[idx] = 0.0  # what is sent leaves the residual
+        if self.select_cost > 0 and self.numel > 1:
+            # As the daemons' SPARSYNC_EMULATE_SELECT_COST: the selection lasts as long as the
+            # modelled GPU's would (the CPU's own time counts), so that both sides of the
+            # single-group comparison pay the same selection.
+            pad = self.select_cost * self.numel * math.log2(self.numel)
+            time.sleep(max(0.0, t + pad - time.perf_counter()))
         self.select_s = time.perf_counter() - t
         all_values = self.hvd.allgather(values, name="topk.values")
         all_indices = self.hvd.allgather(idx.to(torch.int32), name="topk.indices")
@@ -96,6 +105,10 @@ def main(argv=None):
                    help="multiplies the profile's forward and backward times (default 1)")
     p.add_argument("--no-forward", action="store_true", help="skip the forward wait")
     p.add_argument("--density", type=float, default=0.001, help="topk: fraction sent")
+    p.add_argument("--select-cost", type=float, default=0.0,
+                   help="topk: the selection of n elements lasts at least this x n log2 n wall "
+                        "seconds (a fitted GPU cost, already times the dilation; default 0: "
+                        "torch.topk's own time)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random gradients")
     p.add_argument("--out", default="-",
                    help="result file ({rank} is replaced by the rank; - for stdout)")
@@ -104,6 +117,8 @@ def main(argv=None):
         p.error("--iters and --warmup must be >= 1")
     if not 0 < args.density <= 1:
         p.error("--density must be in (0, 1]")
+    if args.select_cost < 0:
+        p.error("--select-cost must be >= 0")
     import horovod
     import horovod.torch as hvd
 
@@ -115,7 +130,7 @@ def main(argv=None):
     module = ReplayModule(schedule, args.seed + 1000003 * rank, not args.no_forward)
     optimizer, topk = None, None
     if args.mode == "topk":
-        topk = TopK(hvd, module.parameters(), args.density)
+        topk = TopK(hvd, module.parameters(), args.density, args.select_cost)
     else:
         compression = hvd.Compression.fp16 if args.mode == "fp16" else hvd.Compression.none
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(module.parameters(), lr=0.0),
@@ -150,7 +165,7 @@ def main(argv=None):
                         if k.startswith("HOROVOD_") and "RENDEZVOUS" not in k},
     }
     if topk is not None:
-        result.update({"density": args.density, "k": topk.k,
+        result.update({"density": args.density, "k": topk.k, "select_cost": args.select_cost,
                        "select_s": select[args.warmup:]})
     model_profile.write_result(result, rows, args.warmup, args.out)
     hvd.shutdown()

@@ -65,7 +65,8 @@ def parse_args(argv, description=""):
                         "lasts at least this x n log2 n modelled seconds "
                         "(SPARSYNC_EMULATE_SELECT_COST = this x D; OMGS-SGD's fit of a GPU "
                         "top-k is 2.19e-10). Default 0: the real CPU top-k under dilation. "
-                        "hvd_topk's torch.topk is not padded")
+                        "hvd_topk's torch.topk is padded to the same (before 2026-12-07 it "
+                        "was not)")
     p.add_argument("--powersgd-rank", type=int, default=4,
                    help="mode ddp_powersgd: PowerSGD's matrix approximation rank (default 4)")
     p.add_argument("--time-scale", type=float, default=1.0,

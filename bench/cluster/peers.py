@@ -48,9 +48,12 @@ def horovod_env(net, i, nodes, port, dilation, timeout_s):
             "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(dilation.wall(timeout_s)))}
 
 
-def horovod_worker_argv(python, mode, density):
-    return [python, str(HERE / "horovod_worker.py"), "--mode", HOROVOD[mode],
+def horovod_worker_argv(python, mode, density, select_cost=0.0):
+    """select_cost: wall seconds per n log2 n (times D) that hvd_topk's selection is padded to."""
+    argv = [python, str(HERE / "horovod_worker.py"), "--mode", HOROVOD[mode],
             "--density", str(density)]
+    return argv + (["--select-cost", "%g" % select_cost] if mode == "hvd_topk" and select_cost
+                   else [])
 
 
 def ddp_env(net, i, nodes, port):

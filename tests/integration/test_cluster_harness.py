@@ -215,8 +215,43 @@ def test_select_cost_pads_the_sparse_daemons_selection_in_wall_time():
     assert len(daemons) == 4
     assert [d.get("SPARSYNC_EMULATE_SELECT_COST") for d in daemons] == [
         None, None, "4.38e-09", "4.38e-09"]  # x D; the dense daemons select nothing
-    plain = dry_run("--nodes", "2", "--models", "resnet20_flops", "--modes", "optimal")
+    plain = dry_run("--nodes", "2", "--models", "resnet20_flops", "--modes", "optimal,hvd_topk")
     assert not any("SPARSYNC_EMULATE_SELECT_COST" in line for line in plain)
+    assert not any("--select-cost" in line for line in plain if "horovod_worker.py" in line)
+
+
+def test_select_cost_pads_the_horovod_topk_baseline_alike():
+    # TopK-SGD over Horovod is sparsync's `single` by other means: both pay the same selection.
+    lines = dry_run("--nodes", "2", "--models", "resnet20_flops",
+                    "--modes", "hvd_dense,hvd_topk", "--dilation", "20",
+                    "--select-cost", "2.19e-10")
+    hvd = [line for line in lines if "horovod_worker.py" in line]
+    assert len(hvd) == 4
+    assert ["--select-cost 4.38e-09" in line for line in hvd] == [False, False, True, True]
+
+
+def test_horovod_topk_selection_lasts_the_padded_time():
+    sys.path.insert(0, str(REPO / "bench" / "cluster"))
+    import horovod_worker
+    import torch
+
+    class OneRank:
+        def allgather(self, tensor, name):
+            return tensor
+
+        def size(self):
+            return 1
+
+    param = torch.nn.Parameter(torch.zeros(4096))
+    for cost, at_least in ((0.0, 0.0), (1e-6, 1e-6 * 4096 * 12)):  # log2 4096 = 12
+        topk = horovod_worker.TopK(OneRank(), [param], 0.01, cost)
+        topk.flat.copy_(torch.arange(4096, dtype=torch.float32))
+        topk.reduce()
+        assert topk.select_s >= at_least
+        # The 40 largest were sent (and averaged over the one rank), the rest kept back.
+        assert torch.equal(param.grad[-40:], torch.arange(4056, 4096, dtype=torch.float32))
+        assert float(param.grad[:-40].abs().sum()) == 0.0
+        assert float(topk.residual[-40:].abs().sum()) == 0.0
 
 
 def test_optimal_always_is_optimal_with_every_group_sparse(tmp_path):
