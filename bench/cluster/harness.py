@@ -84,8 +84,8 @@ def sparsification(args):
     if not getattr(args, "select_cost", 0):
         return SPARSIFICATION
     return ("fitted GPU cost injected: the daemons' top-k of n elements padded to %g x n log2 n "
-            "modelled s (SPARSYNC_EMULATE_SELECT_COST, x D); hvd_topk: torch.topk padded to the same"
-            % args.select_cost)
+            "modelled s (SPARSYNC_EMULATE_SELECT_COST, x D); hvd_topk: torch.topk padded to the "
+            "same" % args.select_cost)
 
 
 class Interrupted(Exception):
