@@ -274,9 +274,8 @@ class Harness:
             if peers.is_horovod(mode):
                 env = dict(env_base, **peers.horovod_env(net, i, nodes, port, self.dilation,
                                                          a.sparsync_timeout_s))
-                cmd = peers.horovod_worker_argv(
-                    a.peer_python, mode, a.density,
-                    self.dilation.wall(a.select_cost) if getattr(a, "select_cost", 0) else 0.0)
+                cmd = peers.horovod_worker_argv(a.peer_python, mode, a.density,
+                                                self.dilation.wall(getattr(a, "select_cost", 0.0)))
             else:
                 env = dict(env_base, **peers.ddp_env(net, i, nodes, DDP_PORT + port_offset))
                 cmd = peers.ddp_worker_argv(self.python, mode, a.powersgd_rank,
