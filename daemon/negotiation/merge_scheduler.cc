@@ -188,10 +188,12 @@ bool MergeScheduler::CostsDrifted(std::string* why) const {
   return true;
 }
 
-std::vector<double> MergeScheduler::BackwardTimes(const std::vector<uint32_t>& order) const {
+std::vector<double> MergeScheduler::BackwardTimes(const std::vector<uint32_t>& order,
+                                                  const StepSample* only) const {
   std::vector<double> sum(order.size(), 0.0);
   std::vector<int> count(order.size(), 0);
   for (const StepSample& s : samples_) {
+    if (only && &s != only) continue;
     std::unordered_map<uint32_t, size_t> pos;
     for (size_t i = 0; i < s.order.size(); ++i) pos[s.order[i]] = i;
     for (size_t i = 1; i < order.size(); ++i) {
@@ -255,7 +257,7 @@ void MergeScheduler::MakePlan(const std::string& why) {
   std::string fewer;
   if (*kind == planning::PlannerKind::kOptimal && dense) {
     make_others();
-    fewer = PreferFewerGroups(others, &*plan);
+    fewer = PreferFewerGroups(in, others, &*plan);
   }
   if (plan_ && !Improves(in, *plan, planning::PlannerName(*kind))) {
     // The plan in force stays: nothing announced, nothing logged.
@@ -322,26 +324,54 @@ double MergeScheduler::ModelError(double predicted_s, bool dense_lines) const {
   return std::max(relative * predicted_s + std::sqrt(variance), 0.01 * predicted_s);
 }
 
+double MergeScheduler::WorstGain(planning::PlanInput in, const planning::Plan& optimum,
+                                 const planning::Plan& other, bool dense_lines) const {
+  double relative = costs_.RelativeError();
+  if (dense_lines) relative = std::max(relative, dense_costs_.RelativeError());
+  for (planning::LinearCost* line : {&in.cost.sparsify, &in.cost.exchange, &in.cost.dense_prepare,
+                                     &in.cost.dense_exchange}) {
+    line->fixed_s *= 1 + relative;
+  }
+  auto gain = [&] {
+    return planning::Simulate(in, other.starts, other.dense).iteration_s -
+           planning::Simulate(in, optimum.starts, optimum.dense).iteration_s;
+  };
+  double worst = gain();
+  const std::vector<uint32_t>& order = samples_.back().order;
+  for (const StepSample& s : samples_) {
+    if (s.order.size() != order.size()) continue;  // a step that did not see every gradient
+    std::vector<double> backward = BackwardTimes(order, &s);
+    for (size_t i = 0; i < in.layers.size() && i < backward.size(); ++i) {
+      in.layers[i].backward_s = backward[i];
+    }
+    worst = std::min(worst, gain());
+  }
+  return worst;
+}
+
 std::string MergeScheduler::PreferFewerGroups(
+    const planning::PlanInput& in,
     const std::vector<std::pair<planning::PlannerKind, planning::Plan>>& others,
     planning::Plan* plan) const {
   const planning::Plan* pick = nullptr;
   planning::PlannerKind pick_kind{};
-  double pick_error_s = 0;
+  double pick_gain_s = 0;
+  const double needed_s = 0.01 * plan->predicted_s;
   for (const auto& [kind, other] : others) {
     if (other.num_groups() >= (pick ? pick->num_groups() : plan->num_groups())) continue;
     const bool dense_lines = !plan->dense.empty() || !other.dense.empty();
-    const double error_s = ModelError(plan->predicted_s, dense_lines);
-    if (other.predicted_s - plan->predicted_s > error_s) continue;
+    const double gain_s = WorstGain(in, *plan, other, dense_lines);
+    if (gain_s > needed_s) continue;
     pick = &other;
     pick_kind = kind;
-    pick_error_s = error_s;
+    pick_gain_s = gain_s;
   }
   if (!pick) return "";
   std::ostringstream why;
   why << "; fewer groups: " << pick->num_groups() << " (" << planning::PlannerName(pick_kind)
-      << "'s plan) predicted " << Ms(pick->predicted_s) << ", within the model's error ("
-      << Ms(pick_error_s) << ") of the optimum's " << plan->num_groups();
+      << "'s plan) predicted " << Ms(pick->predicted_s) << ", the optimum's "
+      << plan->num_groups() << " gain " << Ms(pick_gain_s)
+      << " over it at worst, under 1 % of its " << Ms(plan->predicted_s);
   const planning::PlannerKind kind = plan->planner;
   *plan = *pick;
   plan->planner = kind;

@@ -148,12 +148,20 @@ class MergeScheduler {
   void MakePlan(const std::string& why);
   // The model's own error on a prediction of `predicted_s` (see Plans that hold still).
   double ModelError(double predicted_s, bool dense_lines) const;
-  // Fewer groups where more are not worth it (dense jobs): replaces `plan` (the optimum) by the
-  // plan of `others` with the fewest groups among those predicted no slower than it beyond the model's
-  // error. Returns the note for the log ("" when `plan` stays).
+  // Fewer groups where more are not worth it (dense jobs): replaces `plan` (the optimum under
+  // `in`) by the plan of `others` with the fewest groups among those the optimum does not beat
+  // by 1 % even where its gain is least (WorstGain). Returns the note for the log ("" when
+  // `plan` stays).
   std::string PreferFewerGroups(
+      const planning::PlanInput& in,
       const std::vector<std::pair<planning::PlannerKind, planning::Plan>>& others,
       planning::Plan* plan) const;
+  // How much faster `optimum` is than `other` where that gain is least: under the mean backward
+  // times of `in` and under each measured step's own, with every group's start-up cost raised by
+  // the model's own error. Both plans are priced under the same times, so a step whose backward
+  // ran long moves both.
+  double WorstGain(planning::PlanInput in, const planning::Plan& optimum,
+                   const planning::Plan& other, bool dense_lines) const;
   // Whether `next`, made by `name`, should replace the plan in force under `in`'s measurements.
   bool Improves(const planning::PlanInput& in, const planning::Plan& next,
                 const std::string& name) const;
@@ -161,7 +169,10 @@ class MergeScheduler {
   // Today's measurements become the reference the drift triggers compare with.
   void SetReference(const planning::PlanInput& in, double predicted_s);
   void DropPlan(const std::string& why);
-  std::vector<double> BackwardTimes(const std::vector<uint32_t>& order) const;
+  // Per position of `order`: the time from the previous gradient's readiness to this one's,
+  // averaged over the nodes and over samples_ (or over `only`, one of them).
+  std::vector<double> BackwardTimes(const std::vector<uint32_t>& order,
+                                    const StepSample* only = nullptr) const;
 
   const MergeOptions options_;
   const int num_nodes_;
