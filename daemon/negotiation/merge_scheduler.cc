@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 #include "daemon/planning/planner.h"
@@ -324,19 +325,13 @@ double MergeScheduler::ModelError(double predicted_s, bool dense_lines) const {
   return std::max(relative * predicted_s + std::sqrt(variance), 0.01 * predicted_s);
 }
 
-double MergeScheduler::WorstGain(planning::PlanInput in, const planning::Plan& optimum,
-                                 const planning::Plan& other, bool dense_lines) const {
-  double relative = costs_.RelativeError();
-  if (dense_lines) relative = std::max(relative, dense_costs_.RelativeError());
+std::vector<planning::PlanInput> MergeScheduler::AdverseInputs(planning::PlanInput in) const {
+  const double relative = costs_.RelativeError();
   for (planning::LinearCost* line : {&in.cost.sparsify, &in.cost.exchange, &in.cost.dense_prepare,
                                      &in.cost.dense_exchange}) {
     line->fixed_s *= 1 + relative;
   }
-  auto gain = [&] {
-    return planning::Simulate(in, other.starts, other.dense).iteration_s -
-           planning::Simulate(in, optimum.starts, optimum.dense).iteration_s;
-  };
-  double worst = gain();
+  std::vector<planning::PlanInput> inputs{in};
   const std::vector<uint32_t>& order = samples_.back().order;
   for (const StepSample& s : samples_) {
     if (s.order.size() != order.size()) continue;  // a step that did not see every gradient
@@ -344,24 +339,31 @@ double MergeScheduler::WorstGain(planning::PlanInput in, const planning::Plan& o
     for (size_t i = 0; i < in.layers.size() && i < backward.size(); ++i) {
       in.layers[i].backward_s = backward[i];
     }
-    worst = std::min(worst, gain());
+    inputs.push_back(in);
   }
-  return worst;
+  return inputs;
 }
 
 std::string MergeScheduler::PreferFewerGroups(
     const planning::PlanInput& in,
     const std::vector<std::pair<planning::PlannerKind, planning::Plan>>& others,
     planning::Plan* plan) const {
+  const std::vector<planning::PlanInput> adverse = AdverseInputs(in);
+  std::vector<double> optimum_s;
+  for (const planning::PlanInput& a : adverse) {
+    optimum_s.push_back(planning::Simulate(a, plan->starts, plan->dense).iteration_s);
+  }
   const planning::Plan* pick = nullptr;
   planning::PlannerKind pick_kind{};
   double pick_gain_s = 0;
-  const double needed_s = 0.01 * plan->predicted_s;
   for (const auto& [kind, other] : others) {
     if (other.num_groups() >= (pick ? pick->num_groups() : plan->num_groups())) continue;
-    const bool dense_lines = !plan->dense.empty() || !other.dense.empty();
-    const double gain_s = WorstGain(in, *plan, other, dense_lines);
-    if (gain_s > needed_s) continue;
+    double gain_s = std::numeric_limits<double>::infinity();  // the optimum's, where least
+    for (size_t i = 0; i < adverse.size(); ++i) {
+      gain_s = std::min(gain_s, planning::Simulate(adverse[i], other.starts, other.dense)
+                                        .iteration_s - optimum_s[i]);
+    }
+    if (gain_s > 0.01 * plan->predicted_s) continue;
     pick = &other;
     pick_kind = kind;
     pick_gain_s = gain_s;

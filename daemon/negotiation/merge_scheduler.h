@@ -150,18 +150,17 @@ class MergeScheduler {
   double ModelError(double predicted_s, bool dense_lines) const;
   // Fewer groups where more are not worth it (dense jobs): replaces `plan` (the optimum under
   // `in`) by the plan of `others` with the fewest groups among those the optimum does not beat
-  // by 1 % even where its gain is least (WorstGain). Returns the note for the log ("" when
-  // `plan` stays).
+  // by 1 % of its prediction even where its gain is least (under every AdverseInputs case).
+  // Returns the note for the log ("" when `plan` stays).
   std::string PreferFewerGroups(
       const planning::PlanInput& in,
       const std::vector<std::pair<planning::PlannerKind, planning::Plan>>& others,
       planning::Plan* plan) const;
-  // How much faster `optimum` is than `other` where that gain is least: under the mean backward
-  // times of `in` and under each measured step's own, with every group's start-up cost raised by
-  // the model's own error. Both plans are priced under the same times, so a step whose backward
+  // `in` with every group's start-up cost raised by the model's own error, under its mean
+  // backward times and under each measured step's own: the cases least favourable to a plan of
+  // many groups. Both plans compared are priced under the same case, so a step whose backward
   // ran long moves both.
-  double WorstGain(planning::PlanInput in, const planning::Plan& optimum,
-                   const planning::Plan& other, bool dense_lines) const;
+  std::vector<planning::PlanInput> AdverseInputs(planning::PlanInput in) const;
   // Whether `next`, made by `name`, should replace the plan in force under `in`'s measurements.
   bool Improves(const planning::PlanInput& in, const planning::Plan& next,
                 const std::string& name) const;
