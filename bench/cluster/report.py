@@ -2,6 +2,12 @@
 
     .venv/bin/python bench/cluster/report.py results.json --md table.md --png chart.png
     .venv/bin/python bench/cluster/report.py sweep.json --md sweep.md --sweep-png sweep.png
+    .venv/bin/python bench/cluster/report.py a.json b.json --md table.md --png chart.png
+
+Several results files (invocations measured apart, e.g. the long dense modes of a model in one
+and its sparse modes and peers in another) make one report: a header per invocation, naming the
+modes it ran, then the tables and charts over all their runs. The same mode of the same model, P
+and D in two files is merged like harness.py --rounds (below).
 
 All times are modelled ms (measured / the run's dilation D). The header gives the command, the
 modelled and shaped links, D, how sparsification was modelled, the profiles' sources and the
@@ -52,10 +58,12 @@ def _dil(run):
     return run.get("dilation", 1.0)
 
 
+def _mode_rank(mode):
+    return MODE_ORDER.index(mode) if mode in MODE_ORDER else 99
+
+
 def _key(run):
-    mode = run["mode"]
-    return (_dil(run), run["nodes"], run["model"],
-            MODE_ORDER.index(mode) if mode in MODE_ORDER else 99)
+    return (_dil(run), run["nodes"], run["model"], _mode_rank(run["mode"]))
 
 
 def _fmt(x, pattern="%.1f"):
@@ -201,8 +209,7 @@ def order_table(results):
     groups = {}
     for r in results["runs"]:
         if _ok(r):
-            key = (_dil(r), r["nodes"], r["model"],
-                   MODE_ORDER.index(r["mode"]) if r["mode"] in MODE_ORDER else 99, r["mode"])
+            key = _key(r) + (r["mode"],)
             groups.setdefault(key, ([], []))[r.get("round", 0) % 2].append(r["median_ms"])
     lines = ["| model | P | D | mode | median, listed order (ms) | median, reversed (ms) "
              "| listed / reversed |", "|---|---:|---:|---|---:|---:|---:|"]
@@ -271,8 +278,7 @@ def sweep_table(results):
     lines = [head, "|---|---:|---|" + "---:|" * (2 * len(factors) - 1)]
     for nodes, model, mode in sorted({(r["nodes"], r["model"], r["mode"])
                                       for r in results["runs"]},
-                                     key=lambda k: (k[0], k[1], MODE_ORDER.index(k[2])
-                                                    if k[2] in MODE_ORDER else 99)):
+                                     key=lambda k: (k[0], k[1], _mode_rank(k[2]))):
         meds = [_median(by, model, nodes, d, mode) for d in factors]
         lines.append("| %s | %d | %s | %s | %s |" % (
             model, nodes, mode, " | ".join(_fmt(x) for x in meds),
@@ -293,6 +299,14 @@ def _profile_note(model):
 
 
 def header(results):
+    parts = results.get("invocations")
+    if parts:
+        def modes(part):
+            return ", ".join(sorted({r["mode"] for r in part["runs"]}, key=_mode_rank))
+
+        return "".join("**Invocation %d of %d** (modes %s):\n\n%s\n"
+                       % (i + 1, len(parts), modes(part), header(part))
+                       for i, part in enumerate(parts))
     m = results.get("meta", {})
     net = m.get("network", {})
     runs = results.get("runs", [])
@@ -432,15 +446,28 @@ def render(results):
     return text
 
 
+def load(paths):
+    """The results of one harness invocation, or of several as one document: every run, and under
+    "invocations" each file's own meta and runs (header() describes each)."""
+    docs = [json.loads(Path(path).read_text()) for path in paths]
+    if len(docs) == 1:
+        return docs[0]
+    return {"meta": docs[0].get("meta", {}),
+            "runs": [run for doc in docs for run in doc.get("runs", [])],
+            "invocations": [{"meta": doc.get("meta", {}), "runs": doc.get("runs", [])}
+                            for doc in docs]}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("results", help="results.json written by harness.py")
+    p.add_argument("results", nargs="+",
+                   help="results.json written by harness.py (several: one report of them all)")
     p.add_argument("--md", default="", help="write the markdown here (default: stdout)")
     p.add_argument("--png", default="", help="write the per-model chart here (matplotlib)")
     p.add_argument("--sweep-png", default="", help="write the dilation chart here")
     args = p.parse_args(argv)
-    results = json.loads(Path(args.results).read_text())
+    results = load(args.results)
     text = render(results)
     if args.md:
         Path(args.md).write_text(text)

@@ -524,6 +524,31 @@ def test_report_writes_the_tables_and_the_chart(tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_of_several_invocations_names_each_and_compares_across_them(tmp_path):
+    whole = _synthetic_results()
+    dense_modes = {"dense", "ddp", "hvd_dense"}
+    paths = []
+    for name, dense in (("sparse", False), ("dense", True)):
+        doc = json.loads(json.dumps(whole))
+        doc["runs"] = [r for r in doc["runs"] if (r["mode"] in dense_modes) == dense]
+        doc["meta"]["command"] = "harness.py --%s" % name
+        paths.append(tmp_path / ("%s.json" % name))
+        paths[-1].write_text(json.dumps(doc))
+    md = tmp_path / "table.md"
+    assert report.main([str(p) for p in paths] + ["--md", str(md)]) == 0
+    text = md.read_text()
+    assert "**Invocation 1 of 2** (modes ddp_powersgd, hvd_topk, layerwise, single, omgs, " \
+        "optimal)" in text
+    assert "**Invocation 2 of 2** (modes dense, ddp, hvd_dense)" in text
+    assert "`harness.py --sparse`" in text and "`harness.py --dense`" in text
+    # The comparisons span the files: omgs's speed-up over dense, sparsync dense / Horovod dense.
+    cmp_rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+                if line.startswith("| vgg16 ")]
+    c = [r for r in cmp_rows if len(r) == 10][0]
+    assert c[5] == "4.00x" and c[6] == "1.03"
+    assert report.render(report.load([paths[0]])).count("Invocation") == 0
+
+
 def test_report_tabulates_a_dilation_sweep(tmp_path):
     doc = _synthetic_results()
     doc["runs"] = []
