@@ -311,58 +311,71 @@ void MergeScheduler::MakePlan(const std::string& why) {
   out_.push_back(std::move(announce));
 }
 
-double MergeScheduler::ModelError(double predicted_s, bool dense_lines) const {
-  // The spread of the cost samples around their lines (the dense ones too when a plan sends a
-  // group dense), and that of the measured backward time from step to step.
-  double relative = costs_.RelativeError();
-  if (dense_lines) relative = std::max(relative, dense_costs_.RelativeError());
-  const double mean = MeasuredSpan();
-  double variance = 0;
-  for (const StepSample& s : samples_) {
-    const double d = SampleSpan(s.node_ready, num_nodes_) - mean;
-    variance += d * d / static_cast<double>(samples_.size());
-  }
-  return std::max(relative * predicted_s + std::sqrt(variance), 0.01 * predicted_s);
-}
-
-std::vector<planning::PlanInput> MergeScheduler::AdverseInputs(planning::PlanInput in) const {
+std::vector<planning::PlanInput> MergeScheduler::AdverseInputs(
+    planning::PlanInput in, std::initializer_list<double> directions) const {
+  // Each line's start-up moves by its own tracker's spread: a compressing job's dense groups are
+  // priced on the dense lines (cost_model()); a dense job's one tracker holds them all.
   const double relative = costs_.RelativeError();
-  for (planning::LinearCost* line : {&in.cost.sparsify, &in.cost.exchange, &in.cost.dense_prepare,
-                                     &in.cost.dense_exchange}) {
-    line->fixed_s *= 1 + relative;
-  }
-  std::vector<planning::PlanInput> inputs{in};
-  const std::vector<uint32_t>& order = samples_.back().order;
-  for (const StepSample& s : samples_) {
-    if (s.order.size() != order.size()) continue;  // a step that did not see every gradient
-    std::vector<double> backward = BackwardTimes(order, &s);
-    for (size_t i = 0; i < in.layers.size() && i < backward.size(); ++i) {
-      in.layers[i].backward_s = backward[i];
-    }
+  const double dense_relative =
+      options_.dense_by_default ? relative : dense_costs_.RelativeError();
+  const planning::CostModel base = in.cost;
+  std::vector<planning::PlanInput> inputs;
+  for (double direction : directions) {
+    in.cost = base;
+    in.cost.sparsify.fixed_s *= 1 + direction * relative;
+    in.cost.exchange.fixed_s *= 1 + direction * relative;
+    in.cost.dense_prepare.fixed_s *= 1 + direction * dense_relative;
+    in.cost.dense_exchange.fixed_s *= 1 + direction * dense_relative;
     inputs.push_back(in);
+    const std::vector<uint32_t>& order = samples_.back().order;
+    for (const StepSample& s : samples_) {
+      if (s.order.size() != order.size()) continue;  // a step that did not see every gradient
+      std::vector<double> backward = BackwardTimes(order, &s);
+      planning::PlanInput step = in;
+      for (size_t i = 0; i < step.layers.size() && i < backward.size(); ++i) {
+        step.layers[i].backward_s = backward[i];
+      }
+      inputs.push_back(std::move(step));
+    }
   }
   return inputs;
+}
+
+std::vector<double> MergeScheduler::PriceUnder(const std::vector<planning::PlanInput>& cases,
+                                               const planning::Plan& plan) {
+  std::vector<double> seconds;
+  for (const planning::PlanInput& c : cases) {
+    seconds.push_back(planning::Simulate(c, plan.starts, plan.dense).iteration_s);
+  }
+  return seconds;
+}
+
+double MergeScheduler::LeastGain(const std::vector<planning::PlanInput>& cases,
+                                 const std::vector<double>& faster_s,
+                                 const planning::Plan& slower) {
+  double gain_s = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    gain_s = std::min(gain_s,
+                      planning::Simulate(cases[i], slower.starts, slower.dense).iteration_s -
+                          faster_s[i]);
+  }
+  return gain_s;
 }
 
 std::string MergeScheduler::PreferFewerGroups(
     const planning::PlanInput& in,
     const std::vector<std::pair<planning::PlannerKind, planning::Plan>>& others,
     planning::Plan* plan) const {
-  const std::vector<planning::PlanInput> adverse = AdverseInputs(in);
-  std::vector<double> optimum_s;
-  for (const planning::PlanInput& a : adverse) {
-    optimum_s.push_back(planning::Simulate(a, plan->starts, plan->dense).iteration_s);
-  }
+  // Every compared plan has fewer groups than the optimum: dearer start-ups are what is adverse
+  // to the optimum.
+  const std::vector<planning::PlanInput> adverse = AdverseInputs(in, {+1});
+  const std::vector<double> optimum_s = PriceUnder(adverse, *plan);
   const planning::Plan* pick = nullptr;
   planning::PlannerKind pick_kind{};
   double pick_gain_s = 0;
   for (const auto& [kind, other] : others) {
     if (other.num_groups() >= (pick ? pick->num_groups() : plan->num_groups())) continue;
-    double gain_s = std::numeric_limits<double>::infinity();  // the optimum's, where least
-    for (size_t i = 0; i < adverse.size(); ++i) {
-      gain_s = std::min(gain_s, planning::Simulate(adverse[i], other.starts, other.dense)
-                                        .iteration_s - optimum_s[i]);
-    }
+    const double gain_s = LeastGain(adverse, optimum_s, other);  // the optimum's
     if (gain_s > 0.01 * plan->predicted_s) continue;
     pick = &other;
     pick_kind = kind;
@@ -384,9 +397,18 @@ bool MergeScheduler::Improves(const planning::PlanInput& in, const planning::Pla
                               const std::string& name) const {
   if (name != plan_->planner) return true;  // another planner of the list was asked for
   if (next.starts == plan_starts_ && next.dense == plan_dense_) return false;
-  const double now_s = planning::Simulate(in, plan_starts_, plan_dense_).iteration_s;
-  const bool dense_lines = !next.dense.empty() || !plan_dense_.empty();
-  return now_s - next.predicted_s > ModelError(now_s, dense_lines);
+  // Start-ups dearer are adverse to the plan with more groups, cheaper to the one with fewer;
+  // with as many groups, either may be.
+  planning::Plan now;
+  now.starts = plan_starts_;
+  now.dense = plan_dense_;
+  const size_t next_groups = next.num_groups(), now_groups = now.num_groups();
+  const std::vector<planning::PlanInput> adverse =
+      next_groups > now_groups   ? AdverseInputs(in, {+1})
+      : next_groups < now_groups ? AdverseInputs(in, {-1})
+                                 : AdverseInputs(in, {+1, -1});
+  const double now_s = planning::Simulate(in, now.starts, now.dense).iteration_s;
+  return LeastGain(adverse, PriceUnder(adverse, next), now) > 0.01 * now_s;
 }
 
 void MergeScheduler::SetReference(const planning::PlanInput& in, double predicted_s) {

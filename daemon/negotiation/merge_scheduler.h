@@ -22,18 +22,21 @@
 //
 // Plans that hold still. A trigger (drift, costs, replan_steps) only makes a candidate. It
 // replaces the plan in force, with a new version announced and logged, when it is another
-// planner of the list, or when its grouping or dense choices differ and its predicted gain over
-// the plan in force (both under today's measurements) exceeds the model's own error: the cost
-// samples' spread around their lines times the prediction, plus the spread of the measured
-// backward time, and at least 1 % of the prediction. Otherwise the plan stays, silently, and
-// the drift triggers take today's measurements as their new reference.
+// planner of the list, or when its grouping or dense choices differ and it gains more than 1 % of
+// the plan in force's prediction over that plan even where its gain is least: both priced under
+// today's measurements, under each measured step's own backward times as well as their mean,
+// with every group's start-up moved by the cost samples' spread around their lines in the
+// direction adverse to the candidate (dearer where it has more groups, cheaper where it has
+// fewer). Otherwise the plan stays, silently, and the drift triggers take today's measurements
+// as their new reference.
 //
 // Fewer groups where more are not worth it. `optimal` picks the fastest grouping under the
 // model, but every group also costs what the model leaves out (a coordinator round, wake-ups of
 // the daemons' threads, CPU taken from a backward pass that shares the cores). So in a dense job
 // (compressor none), where another planner's plan (`mgwfbp`'s, `single`'s, ...) has fewer
-// groups and is predicted no slower than the optimum beyond the model's own error, `optimal`
-// takes the one with the fewest groups, and the plan line says so. A compressing job keeps the
+// groups and the optimum gains under 1 % of its prediction over it where its gain is least
+// (start-ups dearer by the cost samples' spread, each step's backward times), `optimal` takes
+// the one with the fewest groups, and the plan line says so. A compressing job keeps the
 // optimum: there the grouping decides what is sent (one top-k over a merged group is not the
 // top-k of its parts, and small groups go dense), and fewer groups can cost accuracy (the demo
 // CNN as one group: 84.5 % after three epochs against 88.5 %, README).
@@ -47,6 +50,7 @@
 #pragma once
 
 #include <deque>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -146,8 +150,6 @@ class MergeScheduler {
   void MaybePlan();
   bool CostsDrifted(std::string* why) const;
   void MakePlan(const std::string& why);
-  // The model's own error on a prediction of `predicted_s` (see Plans that hold still).
-  double ModelError(double predicted_s, bool dense_lines) const;
   // Fewer groups where more are not worth it (dense jobs): replaces `plan` (the optimum under
   // `in`) by the plan of `others` with the fewest groups among those the optimum does not beat
   // by 1 % of its prediction even where its gain is least (under every AdverseInputs case).
@@ -156,12 +158,21 @@ class MergeScheduler {
       const planning::PlanInput& in,
       const std::vector<std::pair<planning::PlannerKind, planning::Plan>>& others,
       planning::Plan* plan) const;
-  // `in` with every group's start-up cost raised by the model's own error, under its mean
-  // backward times and under each measured step's own: the cases least favourable to a plan of
-  // many groups. Both plans compared are priced under the same case, so a step whose backward
-  // ran long moves both.
-  std::vector<planning::PlanInput> AdverseInputs(planning::PlanInput in) const;
-  // Whether `next`, made by `name`, should replace the plan in force under `in`'s measurements.
+  // The cases under which two plans are compared where the gain of one is least: for each of
+  // `directions` (+1: every group's start-up cost raised by the model's own error, the cost
+  // tracker's spread; -1: lowered by it), `in` under its mean backward times and under each
+  // measured step's own. Both plans compared are priced under the same case, so a step whose
+  // backward ran long moves both.
+  std::vector<planning::PlanInput> AdverseInputs(planning::PlanInput in,
+                                                 std::initializer_list<double> directions) const;
+  // `plan`'s iteration time under each of `cases`.
+  static std::vector<double> PriceUnder(const std::vector<planning::PlanInput>& cases,
+                                        const planning::Plan& plan);
+  // The least, over `cases`, of `slower`'s time less `faster_s` (the other plan's, by case).
+  static double LeastGain(const std::vector<planning::PlanInput>& cases,
+                          const std::vector<double>& faster_s, const planning::Plan& slower);
+  // Whether `next`, made by `name`, should replace the plan in force under `in`'s measurements
+  // (see Plans that hold still).
   bool Improves(const planning::PlanInput& in, const planning::Plan& next,
                 const std::string& name) const;
   double MeasuredSpan() const;  // the mean backward span of samples_

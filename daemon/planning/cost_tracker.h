@@ -31,9 +31,10 @@
 //   - fewer than `min_samples` samples: the calibrated line.
 //
 // The model's own error (RelativeError): how far the window's samples lie from the refreshed
-// lines, as the median of |measured / predicted - 1| over the groups' t_s + t_c. A plan whose
-// predicted gain is smaller than this is not a real gain (planning/planner.h; the scheduler's
-// rule for re-planning, docs/planning.md).
+// lines, as the median of |measured / predicted - 1| over the groups' t_s + t_c. The merge
+// scheduler moves every group's start-up by it to price a plan's gain where it is least, before
+// it replaces a plan or takes one of fewer groups (negotiation/merge_scheduler.h,
+// docs/planning.md).
 #pragma once
 
 #include <cstddef>
