@@ -199,9 +199,12 @@ TEST_F(MergeSchedulerTest, MeasuredCostsThatLeaveThePlanAsItIsAnnounceNothing) {
 // re-plans depends on how well the model knows its costs.
 class PlanStabilityTest : public MergeSchedulerTest {
  protected:
-  // The plan made once the costs measured at `ratios` (of the calibration, one group after
-  // backward, per step) have come in, or nothing when the plan in force held.
-  std::vector<PlanInfo> PlansAfterCostsAt(const std::vector<double>& ratios) {
+  // The plan made once the costs measured at `ratios` of `line` (each step, for groups of each
+  // of `sizes`; by default the calibration's line and the one group's size) have come in, or
+  // nothing when the plan in force held.
+  std::vector<PlanInfo> PlansAfterCostsAt(const std::vector<double>& ratios,
+                                          planning::LinearCost line = {21e-3, 1e-6},
+                                          std::vector<uint64_t> sizes = {2010}) {
     MergeOptions o = Options({"optimal"}, 2);
     o.replan_drift = 0.01;  // consider every moved prediction; the hold rule decides
     MergeScheduler m(o, 2);
@@ -215,7 +218,9 @@ class PlanStabilityTest : public MergeSchedulerTest {
     EXPECT_EQ(first[0].groups, (Groups{{1, 2, 3}}));
     EXPECT_NEAR(first[0].predicted_s, 43.01e-3, 1e-9);
     for (int step = 0; step < 4; ++step) {
-      for (double r : ratios) m.RecordGroupCost(2010, true, 0, r * calibrated.exchange.At(2010));
+      for (double r : ratios) {
+        for (uint64_t x : sizes) m.RecordGroupCost(x, true, 0, r * line.At(x));
+      }
       Step(m, 10);
     }
     return PlansOf(m.Take());
@@ -243,22 +248,8 @@ TEST_F(PlanStabilityTest, AGainBeyondTheModelsSpreadReplans) {
 // The spread times the whole prediction (16.4 ms) would call that 10.1 ms gain noise, but with
 // every start-up 40 % dearer each tensor alone still gains 10.1 ms: the plan changes.
 TEST_F(PlanStabilityTest, AGainThatHoldsWhereTheCostsSpreadReplans) {
-  MergeOptions o = Options({"optimal"}, 2);
-  o.replan_drift = 0.01;
-  MergeScheduler m(o, 2);
-  planning::CostModel calibrated;
-  calibrated.exchange = {21e-3, 1e-6};
-  m.SetCostModel(calibrated);
-  for (int step = 0; step < 3; ++step) Step(m, 10);
-  auto first = PlansOf(m.Take());
-  ASSERT_EQ(first.size(), 1u);
-  ASSERT_EQ(first[0].groups, (Groups{{1, 2, 3}}));
   const planning::LinearCost measured{1e-3, 10e-6};
-  for (double ratio : {1.0, 1.0, 0.6, 1.4, 0.6, 1.4, 1.0}) {
-    for (uint64_t x : {1000u, 2010u}) m.RecordGroupCost(x, true, 0, ratio * measured.At(x));
-  }
-  for (int step = 0; step < 4; ++step) Step(m, 10);
-  auto plans = PlansOf(m.Take());
+  auto plans = PlansAfterCostsAt({0.6, 1.4, 0.6, 1.4, 1.0}, measured, {1000, 2010});
   ASSERT_EQ(plans.size(), 1u);
   EXPECT_EQ(plans[0].version, 2u);
   EXPECT_EQ(plans[0].groups, (Groups{{1}, {2}, {3}}));
