@@ -315,7 +315,9 @@ std::vector<Setting> Settings() {
         return SetInt(st, v, 1, 100000, &c->merge.warmup_steps);
       });
   add("replan-drift", "SPARSYNC_REPLAN_DRIFT", "0.2",
-      "re-plan when the measured backward time moves by more than this fraction",
+      "plan again when the measured backward time, or the plan's prediction under the measured "
+      "costs, moves by more than this fraction; the new plan replaces the one in force only where "
+      "it gains over 1 % at worst (docs/planning.md)",
       [](const Setting& st, const std::string& v, Config* c) {
         auto n = ParseNumber(v);
         if (!n.ok() || *n <= 0) return Reject(st, v, "expected a positive fraction such as 0.2");
@@ -323,7 +325,7 @@ std::vector<Setting> Settings() {
         return Status::Ok();
       });
   add("replan-steps", "SPARSYNC_REPLAN_STEPS", "0",
-      "also re-plan every this many steps (0: only when the measured times drift)",
+      "also plan again every this many steps (0: only when the measured times drift)",
       [](const Setting& st, const std::string& v, Config* c) {
         return SetInt(st, v, 0, 1000000000, &c->merge.replan_steps);
       });
