@@ -318,6 +318,17 @@ std::vector<planning::PlanInput> MergeScheduler::AdverseInputs(
   const double relative = costs_.RelativeError();
   const double dense_relative =
       options_.dense_by_default ? relative : dense_costs_.RelativeError();
+  // The backward times: `in`'s mean, then each measured step's own.
+  std::vector<std::vector<planning::LayerProfile>> layers{in.layers};
+  const std::vector<uint32_t>& order = samples_.back().order;
+  for (const StepSample& s : samples_) {
+    if (s.order.size() != order.size()) continue;  // a step that did not see every gradient
+    std::vector<double> backward = BackwardTimes(order, &s);
+    layers.push_back(in.layers);
+    for (size_t i = 0; i < layers.back().size() && i < backward.size(); ++i) {
+      layers.back()[i].backward_s = backward[i];
+    }
+  }
   const planning::CostModel base = in.cost;
   std::vector<planning::PlanInput> inputs;
   for (double direction : directions) {
@@ -326,16 +337,9 @@ std::vector<planning::PlanInput> MergeScheduler::AdverseInputs(
     in.cost.exchange.fixed_s *= 1 + direction * relative;
     in.cost.dense_prepare.fixed_s *= 1 + direction * dense_relative;
     in.cost.dense_exchange.fixed_s *= 1 + direction * dense_relative;
-    inputs.push_back(in);
-    const std::vector<uint32_t>& order = samples_.back().order;
-    for (const StepSample& s : samples_) {
-      if (s.order.size() != order.size()) continue;  // a step that did not see every gradient
-      std::vector<double> backward = BackwardTimes(order, &s);
-      planning::PlanInput step = in;
-      for (size_t i = 0; i < step.layers.size() && i < backward.size(); ++i) {
-        step.layers[i].backward_s = backward[i];
-      }
-      inputs.push_back(std::move(step));
+    for (const auto& times : layers) {
+      in.layers = times;
+      inputs.push_back(in);
     }
   }
   return inputs;
