@@ -12,6 +12,11 @@ adds a side run with SPARSYNC_DAEMON=PATH (for example a build of an earlier com
 adds a side run of this checkout's daemon whose workers import the Python package from DIR (the
 shims/python folder of another checkout), to compare versions of the shim. The load average
 before and after is printed.
+
+--sched batch runs every side, its workers and its daemons alike, under the SCHED_BATCH policy
+(`chrt -b 0`), whose woken threads do not preempt a running one. With 4 simulated nodes on a
+2-core machine, every side's processes otherwise preempt each other at each wake-up, and that
+costs either side more than its own hops below 4 MiB (bench/RESULTS.md, issue 14).
 """
 import argparse
 import os
@@ -44,7 +49,10 @@ def main():
     ap.add_argument("--elements", default="1048576,4194304,16777216")
     ap.add_argument("--daemon", action="append", default=[], metavar="NAME=PATH")
     ap.add_argument("--shim", action="append", default=[], metavar="NAME=DIR")
+    ap.add_argument("--sched", choices=("normal", "batch"), default="normal",
+                    help="the scheduling policy of every side's processes (default: normal)")
     args = ap.parse_args()
+    policy = ["chrt", "--batch", "0"] if args.sched == "batch" else []
     sizes = [int(e) for e in args.elements.split(",")]
     daemons = [(name, {"SPARSYNC_DAEMON": os.path.abspath(path)})
                for name, path in (d.split("=", 1) for d in args.daemon)]
@@ -58,15 +66,16 @@ def main():
     base_env = dict(os.environ, SPARSYNC_COMPRESSOR="none", SPARSYNC_LOG_LEVEL="warn")
     sides = [name for name, _ in daemons] + ["torch"]
     times = {(side, n): [] for side in sides for n in sizes}
+    print("scheduling policy: %s" % args.sched)
     print("load average before %.2f %.2f %.2f" % os.getloadavg(), flush=True)
     for r in range(args.rounds):
         for n in sizes:
             loop_args = ["--elements", str(n), "--seconds", str(args.seconds)]
             for name, side_env in daemons:
                 env = dict(base_env, **side_env)
-                cmd = [runner, "-np", str(args.np), sys.executable, LOOP] + loop_args
+                cmd = policy + [runner, "-np", str(args.np), sys.executable, LOOP] + loop_args
                 times[(name, n)].append(per_call_ms(cmd, env))
-            cmd = [sys.executable, LOOP, "--torch", str(args.np)] + loop_args
+            cmd = policy + [sys.executable, LOOP, "--torch", str(args.np)] + loop_args
             times[("torch", n)].append(per_call_ms(cmd, base_env))
             print("round %d, %d elements: %s" % (
                 r + 1, n, ", ".join("%s %.3f ms" % (s, times[(s, n)][-1]) for s in sides)),
