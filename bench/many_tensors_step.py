@@ -4,7 +4,8 @@ machine: sparsync builds against torch's DistributedDataParallel (gloo) and, whe
 bench/peers/setup.sh made its environment, Horovod 0.28.1's DistributedOptimizer (Gloo).
 
     .venv/bin/python bench/many_tensors_step.py [--np 4] [--rounds 3] [--steps 60] \\
-        [--layers 80] [--width 64] [--daemon NAME=PATH ...] [--merge PLANNER]
+        [--layers 80] [--width 64] [--daemon NAME=PATH ...] [--shim NAME=DIR ...] \\
+        [--merge PLANNER]
 
 The model is `--layers` x Linear(width, width) with ReLU between (2 x layers gradient tensors,
 4160 float32 elements each at width 64): what a real network's many biases and small layers cost
@@ -13,7 +14,9 @@ worker runs one thread; a step is zero_grad, forward, backward and step(), timed
 median over the steps after the first 20 (sparsync plans after 5 and may re-plan) is the
 round's figure. sparsync runs with compressor none and its default planner (or `--merge`).
 Each --daemon adds a sparsync side run with SPARSYNC_DAEMON=PATH (e.g. a build of an earlier
-commit); without one the side is this checkout's daemon. The sides alternate, `--rounds` times;
+commit); each --shim adds a side whose workers import the Python package from DIR (the
+shims/python folder of another checkout) with this checkout's daemon; without either the side is
+this checkout's daemon and package. The sides alternate, `--rounds` times;
 the load average before and after is printed, then each side's median over the rounds and its
 ratio to DDP (the median of the per-round ratios).
 """
@@ -72,14 +75,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def step_ms(cmd, env, procs=1):
-    """Runs `cmd` (`procs` copies with RANK set when procs > 1); rank 0's median step in ms."""
-    if procs == 1:
+def step_ms(cmd, env, ranks=None):
+    """Runs `cmd` once (a launcher), or `ranks` copies with RANK set; rank 0's median step in ms."""
+    if ranks is None:
         runs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)]
     else:
         runs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for r in range(procs)]
+                                 stderr=subprocess.PIPE, text=True) for r in range(ranks)]
     outs = [p.communicate(timeout=900) for p in runs]
     text = "".join(o + e for o, e in outs)
     match = re.search(r"median step ([\d.]+) ms", text)
@@ -97,6 +100,7 @@ def main():
     ap.add_argument("--layers", type=int, default=80)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--daemon", action="append", default=[], metavar="NAME=PATH")
+    ap.add_argument("--shim", action="append", default=[], metavar="NAME=DIR")
     ap.add_argument("--merge", help="SPARSYNC_MERGE for the sparsync sides (default: its own)")
     ap.add_argument("--no-horovod", action="store_true")
     ap.add_argument("--worker", choices=["sparsync", "ddp", "horovod"], help=argparse.SUPPRESS)
@@ -112,17 +116,25 @@ def main():
     base = dict(os.environ, SPARSYNC_COMPRESSOR="none", SPARSYNC_LOG_LEVEL="warn")
     if args.merge:
         base["SPARSYNC_MERGE"] = args.merge
-    sides = []
-    for spec in args.daemon or ["sparsync="]:
+    envs = []
+    for spec in args.daemon or ([] if args.shim else ["sparsync="]):
         name, _, path = spec.partition("=")
-        env = dict(base, SPARSYNC_DAEMON=os.path.abspath(path)) if path else base
-        cmd = [runner, "-np", str(args.np), sys.executable, me, "--worker", "sparsync"] + model
-        sides.append((name, lambda cmd=cmd, env=env: step_ms(cmd, env)))
+        envs.append((name, dict(base, SPARSYNC_DAEMON=os.path.abspath(path)) if path else base))
+    if args.shim:
+        # Another checkout's package would look for the daemon and client library in its tree.
+        from sparsync._paths import find_client_library, find_daemon
+        here = dict(base, SPARSYNC_DAEMON=find_daemon(), SPARSYNC_CLIENT_LIB=find_client_library())
+        envs += [(name, dict(here, PYTHONPATH=os.path.abspath(path)))
+                 for name, path in (spec.split("=", 1) for spec in args.shim)]
+    sides = []
+    cmd = [runner, "-np", str(args.np), sys.executable, me, "--worker", "sparsync"] + model
+    for name, env in envs:
+        sides.append((name, lambda env=env: step_ms(cmd, env)))
 
     def ddp():
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                    WORLD_SIZE=str(args.np), GLOO_SOCKET_IFNAME="lo")
-        return step_ms([sys.executable, me, "--worker", "ddp"] + model, env, procs=args.np)
+        return step_ms([sys.executable, me, "--worker", "ddp"] + model, env, ranks=args.np)
     sides.append(("ddp", ddp))
     if not args.no_horovod and os.access(PEER_PYTHON, os.X_OK):
         hvdrun = os.path.join(os.path.dirname(PEER_PYTHON), "horovodrun")

@@ -78,10 +78,13 @@ class _Slot:
     """One parameter's registration with the daemon, and the tensor over its shared region that
     serves as the parameter's gradient when the layout allows (`grad`, else None)."""
 
-    __slots__ = ("reg", "wire", "dtype", "grad", "posted", "version")
+    __slots__ = ("reg", "wire", "dtype", "grad", "address", "posted", "version")
 
     def __init__(self, reg, wire, dtype, grad):
         self.reg, self.wire, self.dtype, self.grad = reg, wire, dtype, grad
+        # Where the region is: `grad` keeps its identity when a module's .double() or a script
+        # sets its .data, but then no longer holds the region's memory.
+        self.address = grad.data_ptr() if grad is not None else None
         # The p.grad that was posted and its _version then: a write while in flight changes it
         # (in shared memory a race with the daemon; copied in, a change the result would drop).
         self.posted, self.version = None, None
@@ -166,14 +169,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._track([p for p in self.param_groups[gi]["params"] if p.requires_grad])
 
     def _make_hook(self, p):
+        key = id(p)
+
         def hook(*ignore):
-            if id(p) in self._posted and self._delay[id(p)] <= 0:
+            left = self._delay[key]
+            if left <= 0 and key in self._posted:
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before "
                     "call to step(). Increase backward_passes_per_step to accumulate gradients "
                     "locally.")
-            self._delay[id(p)] -= 1
-            if self._delay[id(p)] == 0:
+            self._delay[key] = left - 1
+            if left == 1:
                 self._post(p)
         return hook
 
@@ -221,6 +227,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return slot
 
     def _post(self, p):
+        slot = self._slots.get(id(p))
+        grad = p.grad
+        if slot is not None and slot.grad is not None and grad is slot.grad \
+                and grad.dtype == slot.dtype and grad.data_ptr() == slot.address \
+                and id(p) not in self._sparse._known:
+            # The steady state: backward accumulated into the shared region, and p.grad is the
+            # tensor over it that synchronize() put there. What the general path below does for
+            # it comes down to this: no conversion, no copy (slot.grad implies Compression.none
+            # and a host tensor), the scaling, the post.
+            with shared.state.lock:
+                self._scale(slot.grad)
+                slot.posted, slot.version = slot.grad, slot.grad._version
+                shared.client().post(slot.reg)
+                self._posted[id(p)] = (p, slot, None)
+            return
         if self._sparse.takes(p):
             return  # an allgather of its indices and values (sparse_as_dense=False)
         with shared.state.lock:
@@ -245,15 +266,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if buf.numel():
                 if not in_place:
                     buf.view(-1).copy_(compressed.reshape(-1))  # CUDA: on the current stream
-                scale = 1.0 / self._predivide  # Horovod's split average: 1/f before, f after
-                if self._op == shared.Average and self.backward_passes_per_step > 1:
-                    scale /= self.backward_passes_per_step
-                if scale != 1.0:
-                    buf.mul_(scale)
+                self._scale(buf)
             slot.posted = p.grad
             slot.version = p.grad._version if p.grad is not None else None
             shared.client().post(reg, _cuda_stream(reg))
             self._posted[id(p)] = (p, slot, ctx)
+
+    def _scale(self, buf):
+        """Scales a gradient before it is sent: 1/f of Horovod's split average (f after), and
+        1/backward_passes_per_step for an average of accumulated passes."""
+        scale = 1.0 / self._predivide
+        if self._op == shared.Average and self.backward_passes_per_step > 1:
+            scale /= self.backward_passes_per_step
+        if scale != 1.0:
+            buf.mul_(scale)
 
     def synchronize(self):
         """Waits for every gradient's reduction and puts the result into p.grad: for a gradient
@@ -274,8 +300,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         "before changing gradients (clipping, GradScaler.unscale_) and step() "
                         "inside optimizer.skip_synchronize()" % self._names[id(p)])
                 if slot.grad is not None:
-                    if p.grad is None or p.grad.is_sparse or not _same_memory(p.grad,
-                                                                               slot.grad):
+                    grad = p.grad
+                    if grad is not slot.grad and (grad is None or grad.is_sparse
+                                                  or not _same_memory(grad, slot.grad)):
                         p.grad = slot.grad  # from now on backward accumulates into it
                     continue
                 if slot.reg.buffer is not None:  # the current stream waits for the daemon's copy
@@ -337,9 +364,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         kept = []
         for p in self._requires_update:
             slot = self._slots.get(id(p))
-            if slot is not None and slot.grad is not None and p.grad is not None \
-                    and not p.grad.is_sparse and _same_memory(p.grad, slot.grad):
-                kept.append((p, p.grad))
+            grad = p.grad
+            if slot is not None and slot.grad is not None and grad is not None and (
+                    grad is slot.grad or not grad.is_sparse and _same_memory(grad, slot.grad)):
+                kept.append((p, grad))
         base.zero_grad()  # torch's default for the others
         for p, grad in kept:
             if p.grad is None:  # torch 2 let it go: zero it and give it back

@@ -86,8 +86,11 @@ def wait(conn, reg, stream=None):
     """Waits for the posted round of `reg` on `conn`, as long as the daemon's timeout allows.
 
     A failed collective raises HorovodInternalError (a SparsyncError), as Horovod's do."""
-    with collective_errors():
+    # Called once per gradient per step: a try costs less than collective_errors()'s generator.
+    try:
         conn.wait(reg, state.timeout_s, state.timeout_hint, stream)
+    except SparsyncError as e:
+        _reraise_as_collective_error(e)
 
 
 @contextlib.contextmanager
@@ -96,12 +99,15 @@ def collective_errors():
     a mismatch between ranks, a dead peer, a timeout) into HorovodInternalError."""
     try:
         yield
-    except HorovodInternalError:
-        raise
     except SparsyncError as e:
-        if e.status is None:
-            raise
-        raise HorovodInternalError(str(e), e.status) from e
+        _reraise_as_collective_error(e)
+
+
+def _reraise_as_collective_error(e):
+    """Raises `e` (being handled) as collective_errors() says."""
+    if isinstance(e, HorovodInternalError) or e.status is None:
+        raise e
+    raise HorovodInternalError(str(e), e.status) from e
 
 
 class Deferred:
